@@ -1,0 +1,381 @@
+//! Tier configuration, parsed from JSON.
+//!
+//! Unknown keys are errors that name the key. Secrets never appear in error messages
+//! or `Debug` output.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Key length used when the configuration does not say: a SHA-256 block hash plus the
+/// 4-byte group index, vLLM's default.
+pub const DEFAULT_KEY_BYTES: usize = 36;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    /// Where blocks live.
+    pub store: StoreConfig,
+    /// Leading path segments of every object name.
+    #[serde(default)]
+    pub prefix: String,
+    /// Namespace segment, e.g. vLLM's `<model>_<digest>_r<rank>` (see `namespace`).
+    #[serde(default)]
+    pub namespace: String,
+    /// Exact length of every key in bytes; 0 accepts any length from 7 to 68.
+    #[serde(default = "default_key_bytes")]
+    pub key_bytes: usize,
+    /// Worker threads of the tier's I/O runtime. Concurrency comes from in-flight
+    /// requests, not threads.
+    #[serde(default = "default_runtime_threads")]
+    pub runtime_threads: usize,
+    /// Store and load requests in flight at once.
+    #[serde(default = "default_inflight_transfers")]
+    pub max_inflight_transfers: usize,
+    /// Existence checks in flight at once; a separate budget so lookups never queue
+    /// behind bulk transfers.
+    #[serde(default = "default_inflight_lookups")]
+    pub max_inflight_lookups: usize,
+    /// Record a BlockStored event for every successful store job.
+    #[serde(default)]
+    pub enable_kv_events: bool,
+    /// Locality carried on events: `LOCAL`, `REMOTE`, or absent.
+    #[serde(default)]
+    pub locality: Option<Locality>,
+    /// How long shutdown waits for operations already in progress before abandoning them.
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
+}
+
+fn default_key_bytes() -> usize {
+    DEFAULT_KEY_BYTES
+}
+fn default_runtime_threads() -> usize {
+    2
+}
+fn default_inflight_transfers() -> usize {
+    64
+}
+fn default_inflight_lookups() -> usize {
+    64
+}
+fn default_shutdown_timeout_ms() -> u64 {
+    30_000
+}
+
+#[allow(clippy::upper_case_acronyms)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Locality {
+    LOCAL,
+    REMOTE,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum StoreConfig {
+    /// A local directory: the embedded default. Writes publish atomically by rename.
+    Local(LocalConfig),
+    /// Process memory. Tiers configured with the same `name` share one store.
+    Memory(MemoryConfig),
+    /// S3 and S3-compatible stores.
+    S3(S3Config),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalConfig {
+    /// Root directory; created if missing.
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Tiers in one process configured with the same name share the store.
+    /// Without a name, the store is private to the tier.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// S3 settings. Key names follow vLLM's `store_config`, so a vLLM user can paste theirs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    pub bucket: String,
+    /// `host[:port]` or a full URL; empty means AWS.
+    #[serde(default)]
+    pub endpoint_override: String,
+    /// `http` or `https`; a full URL's own scheme wins. Default `https`.
+    #[serde(default)]
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub region: String,
+    #[serde(default)]
+    pub access_key: Secret,
+    #[serde(default)]
+    pub secret_key: Secret,
+    #[serde(default)]
+    pub session_token: Secret,
+    /// PEM file of extra trusted CA certificates.
+    #[serde(default)]
+    pub ca_bundle: String,
+    /// false (default): path-style requests, as MinIO, Ceph and most gateways need.
+    #[serde(default, deserialize_with = "bool_or_word")]
+    pub use_virtual_addressing: bool,
+    /// `required` sends checksum headers only when an operation needs them (stores such as
+    /// NooBaa reject them otherwise); `supported` sends them whenever possible.
+    #[serde(default)]
+    pub req_checksum: Option<ChecksumPolicy>,
+    /// Accepted for vLLM compatibility; responses are verified by kvtier's own checks.
+    #[serde(default)]
+    pub resp_checksum: Option<ChecksumPolicy>,
+    /// Accepted for vLLM compatibility (NIXL's executor size); concurrency is set by
+    /// `max_inflight_transfers`.
+    #[serde(default)]
+    pub num_threads: Option<serde_json::Value>,
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Retries per request for 5xx, throttling, timeouts and connection resets.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: usize,
+    /// Sign payloads (SHA-256 of the body). Off by default: integrity comes from TLS and
+    /// kvtier's own checksums, and hashing every block costs CPU.
+    #[serde(default, deserialize_with = "bool_or_word")]
+    pub payload_signing: bool,
+    /// Allow plain http even to non-loopback endpoints.
+    #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    pub allow_http: bool,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+fn default_request_timeout_ms() -> u64 {
+    30_000
+}
+fn default_max_retries() -> usize {
+    5
+}
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChecksumPolicy {
+    Required,
+    Supported,
+}
+
+/// A string whose value is never printed.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("\"\"")
+        } else {
+            f.write_str("\"***\"")
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct SecretVisitor;
+        impl de::Visitor<'_> for SecretVisitor {
+            type Value = Secret;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Secret, E> {
+                Ok(Secret(v.to_string()))
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Secret, E> {
+                Ok(Secret::default())
+            }
+            // Every other JSON type lands here; the message must not quote the value.
+            fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Secret, E> {
+                Err(E::custom("a credential must be a string"))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Secret, E> {
+                Err(E::custom("a credential must be a string"))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Secret, E> {
+                Err(E::custom("a credential must be a string"))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Secret, E> {
+                Err(E::custom("a credential must be a string"))
+            }
+        }
+        deserializer.deserialize_any(SecretVisitor)
+    }
+}
+
+/// Accepts JSON booleans and the words vLLM/NIXL users write (`"true"`, `"yes"`, `"1"`...).
+fn bool_or_word<'de, D: Deserializer<'de>>(deserializer: D) -> std::result::Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrWord {
+        Bool(bool),
+        Word(String),
+    }
+    match BoolOrWord::deserialize(deserializer)? {
+        BoolOrWord::Bool(b) => Ok(b),
+        BoolOrWord::Word(w) => match w.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "y" | "on" | "1" | "enable" => Ok(true),
+            "false" | "no" | "n" | "off" | "0" | "disable" => Ok(false),
+            _ => Err(de::Error::custom(format!("expected a boolean, got {w:?}"))),
+        },
+    }
+}
+
+impl TierConfig {
+    /// Parses and validates a JSON document.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let config: TierConfig = serde_json::from_str(json)
+            .map_err(|e| Error::config(format!("invalid configuration: {e}")))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.key_bytes != 0 && !(7..=68).contains(&self.key_bytes) {
+            return Err(Error::config(format!(
+                "key_bytes is {}; it must be 0 (any) or 7..=68 (a 3..=64 byte hash plus the 4-byte group)",
+                self.key_bytes
+            )));
+        }
+        for (name, value, max) in [
+            ("runtime_threads", self.runtime_threads, 256),
+            ("max_inflight_transfers", self.max_inflight_transfers, 4096),
+            ("max_inflight_lookups", self.max_inflight_lookups, 4096),
+        ] {
+            if value == 0 || value > max {
+                return Err(Error::config(format!("{name} is {value}; it must be 1..={max}")));
+            }
+        }
+        if let StoreConfig::S3(s3) = &self.store {
+            s3.validate()?;
+        }
+        crate::key::KeyLayout::new(&self.prefix, &self.namespace)?;
+        Ok(())
+    }
+}
+
+impl S3Config {
+    pub fn validate(&self) -> Result<()> {
+        if self.bucket.is_empty() {
+            return Err(Error::config("store.bucket is empty"));
+        }
+        if let Some(scheme) = &self.scheme {
+            if scheme != "http" && scheme != "https" {
+                return Err(Error::config(format!(
+                    "store.scheme is {scheme:?}; it must be \"http\" or \"https\""
+                )));
+            }
+        }
+        if self.access_key.is_empty() != self.secret_key.is_empty() {
+            return Err(Error::config(
+                "store.access_key and store.secret_key must be given together (or both left out to use the default credential chain)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    #[test]
+    fn minimal_local_config_takes_defaults() {
+        let c = TierConfig::from_json(r#"{"store":{"type":"local","path":"/tmp/x"}}"#).unwrap();
+        assert_eq!(c.key_bytes, 36);
+        assert_eq!(c.runtime_threads, 2);
+        assert!(!c.enable_kv_events);
+        assert!(matches!(c.store, StoreConfig::Local(_)));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"prefx":"a"}"#).unwrap_err();
+        assert_eq!(e.status, Status::Config);
+        assert!(e.message.contains("prefx"), "{}", e.message);
+        let e = TierConfig::from_json(r#"{"store":{"type":"local","path":"/x","colour":1}}"#).unwrap_err();
+        assert!(e.message.contains("colour"), "{}", e.message);
+    }
+
+    #[test]
+    fn malformed_json_and_bad_values() {
+        assert_eq!(TierConfig::from_json("{").unwrap_err().status, Status::Config);
+        assert_eq!(TierConfig::from_json("").unwrap_err().status, Status::Config);
+        let e = TierConfig::from_json(r#"{"store":{"type":"ftp"}}"#).unwrap_err();
+        assert!(e.message.contains("ftp"), "{}", e.message);
+        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"locality":"local"}"#).unwrap_err();
+        assert!(e.message.contains("local"), "{}", e.message);
+        assert!(TierConfig::from_json(r#"{"store":{"type":"memory"},"locality":"REMOTE"}"#).is_ok());
+        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"runtime_threads":0}"#).unwrap_err();
+        assert!(e.message.contains("runtime_threads"));
+        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"key_bytes":3}"#).unwrap_err();
+        assert!(e.message.contains("key_bytes"));
+    }
+
+    #[test]
+    fn secrets_never_echoed() {
+        let json = r#"{"store":{"type":"s3","bucket":"b","access_key":"AKIAEXAMPLE","secret_key":"hunter2-very-secret","bogus":1}}"#;
+        let e = TierConfig::from_json(json).unwrap_err();
+        assert!(!e.message.contains("hunter2"), "{}", e.message);
+        assert!(!e.message.contains("AKIAEXAMPLE"), "{}", e.message);
+        let json = r#"{"store":{"type":"s3","bucket":"b","access_key":"AKIAEXAMPLE","secret_key":12345678}}"#;
+        let e = TierConfig::from_json(json).unwrap_err();
+        assert!(!e.message.contains("12345678"), "{}", e.message);
+        let ok = TierConfig::from_json(
+            r#"{"store":{"type":"s3","bucket":"b","access_key":"AKIAEXAMPLE","secret_key":"hunter2-very-secret","session_token":"tok-secret"}}"#,
+        )
+        .unwrap();
+        let debug = format!("{ok:?}");
+        assert!(!debug.contains("hunter2") && !debug.contains("tok-secret"), "{debug}");
+    }
+
+    #[test]
+    fn s3_words_and_validation() {
+        let c = TierConfig::from_json(
+            r#"{"store":{"type":"s3","bucket":"b","use_virtual_addressing":"true","req_checksum":"required","num_threads":"8"}}"#,
+        )
+        .unwrap();
+        match c.store {
+            StoreConfig::S3(s3) => {
+                assert!(s3.use_virtual_addressing);
+                assert_eq!(s3.req_checksum, Some(ChecksumPolicy::Required));
+            }
+            _ => panic!("expected s3"),
+        }
+        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","scheme":"ftp"}}"#).unwrap_err();
+        assert!(e.message.contains("scheme"));
+        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":""}}"#).unwrap_err();
+        assert!(e.message.contains("bucket"));
+        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","access_key":"x"}}"#).unwrap_err();
+        assert!(e.message.contains("together"));
+    }
+}

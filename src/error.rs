@@ -1,0 +1,112 @@
+//! One status enum for the whole library, shared by the engine and the C ABI.
+
+use std::fmt;
+
+/// Outcome of a call, of a job, or of one key inside a job.
+///
+/// The numeric values are part of the ABI: never renumber, only append.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// A required pointer argument was NULL.
+    NullArgument = 1,
+    /// An argument was out of range or malformed (block id, key length, zero keys, UTF-8...).
+    InvalidArgument = 2,
+    /// The configuration JSON was malformed, had an unknown key, or a bad value.
+    Config = 3,
+    /// The store could not be reached (DNS, refused connection, timeout at start-up).
+    Connect = 4,
+    /// A storage operation failed (after retries).
+    Io = 5,
+    /// The object does not exist.
+    NotFound = 6,
+    /// The call is not valid in the tier's current state (memory not registered,
+    /// registered twice...).
+    State = 7,
+    /// A Rust panic was caught at the boundary; the tier may be unusable.
+    Panic = 8,
+    /// The job id already has a result pending (submitted and not yet polled).
+    DuplicateJob = 9,
+    /// The tier has been shut down.
+    ShutDown = 10,
+    /// Work was cancelled before it started, because the tier was shutting down.
+    Cancelled = 11,
+    /// A deadline passed (drain timeout, request timeout).
+    Timeout = 12,
+    /// The stored object's length differs from the registered block size.
+    LengthMismatch = 13,
+    /// The stored object's checksum does not match its bytes.
+    Corrupt = 14,
+    /// The store rejected the credentials (invalid access key, bad signature, expired token).
+    Auth = 15,
+    /// The store refused access to the bucket or key (HTTP 403).
+    PermissionDenied = 16,
+    /// The bucket or container does not exist.
+    BucketNotFound = 17,
+    /// TLS failed: the server certificate could not be verified.
+    Tls = 18,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::NullArgument => "null argument",
+            Status::InvalidArgument => "invalid argument",
+            Status::Config => "configuration error",
+            Status::Connect => "cannot connect to store",
+            Status::Io => "storage I/O error",
+            Status::NotFound => "not found",
+            Status::State => "invalid state",
+            Status::Panic => "internal panic",
+            Status::DuplicateJob => "duplicate job id",
+            Status::ShutDown => "tier is shut down",
+            Status::Cancelled => "cancelled",
+            Status::Timeout => "timed out",
+            Status::LengthMismatch => "object length differs from block size",
+            Status::Corrupt => "checksum mismatch",
+            Status::Auth => "authentication failed",
+            Status::PermissionDenied => "permission denied",
+            Status::BucketNotFound => "bucket not found",
+            Status::Tls => "TLS error",
+        }
+    }
+
+    pub fn is_ok(self) -> bool {
+        self == Status::Ok
+    }
+}
+
+/// An error: a status plus a message a user can act on. Messages never contain secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub status: Status,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        Error { status, message: message.into() }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Status::InvalidArgument, message)
+    }
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::new(Status::Config, message)
+    }
+    pub fn state(message: impl Into<String>) -> Self {
+        Self::new(Status::State, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,415 @@
+//! The C ABI. Only argument checking, conversion and the panic boundary live here;
+//! the behaviour is the engine's.
+//!
+//! Conventions (also in the header preamble):
+//! * every fallible function returns a `kvt_status`; details come from `kvt_last_error()`;
+//! * out-parameters are written on success; on failure they are reset to NULL/0 where stated;
+//! * no panic crosses the boundary: it becomes `KVT_STATUS_PANIC`.
+
+#![allow(non_camel_case_types)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
+mod boundary;
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use boundary::{check_tier, guard, guard_or, set_last_error};
+
+use crate::error::{Error, Status};
+use crate::tier::{JobKind, KeyBatch, Tier};
+
+pub use boundary::kvt_last_error;
+
+/// Bytes of the group index at the end of every key (big-endian).
+pub const KVT_KEY_GROUP_BYTES: usize = crate::key::GROUP_BYTES;
+/// Key length of vLLM's default (SHA-256) block hash plus the group index.
+pub const KVT_DEFAULT_KEY_BYTES: usize = crate::config::DEFAULT_KEY_BYTES;
+
+/// Tag of a live tier handle; checked on every call so that a stale handle is reported
+/// rather than used, as long as its memory was not reused.
+const TIER_MAGIC: u64 = 0x6b76_7469_6572_0001;
+
+/// A tier handle. Opaque to C.
+pub struct kvt_tier {
+    magic: u64,
+    tier: Tier,
+    /// Per-key statuses and messages of the last poll, kept alive until the next poll.
+    last_poll: Mutex<PollScratch>,
+}
+
+#[derive(Default)]
+struct PollScratch {
+    key_status: Vec<Vec<Status>>,
+    messages: Vec<CString>,
+}
+
+/// One finished job, as returned by `kvt_tier_poll`.
+#[repr(C)]
+pub struct kvt_result {
+    /// The id given at submission.
+    pub job_id: u64,
+    /// Store or load.
+    pub kind: JobKind,
+    /// KVT_STATUS_OK only if every key succeeded; otherwise the first failing key's status.
+    pub status: Status,
+    /// Bytes moved by the keys that succeeded.
+    pub bytes: u64,
+    /// Seconds from submission to completion.
+    pub seconds: f64,
+    /// Number of keys in the job (the length of `key_status`).
+    pub num_keys: usize,
+    /// Number of keys whose status is not KVT_STATUS_OK.
+    pub num_failed_keys: usize,
+    /// Outcome of each key, in submission order. Owned by the tier; valid until the next
+    /// `kvt_tier_poll` or `kvt_tier_free` on this tier.
+    pub key_status: *const Status,
+    /// Why the job failed ("" on success). Owned by the tier; same lifetime as `key_status`.
+    pub message: *const c_char,
+}
+
+static VERSION_CSTR: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+    Ok(s) => s,
+    Err(_) => panic!("version string has a NUL"),
+};
+
+/// The library version, e.g. "0.1.0". Static storage: never free it. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kvt_version() -> *const c_char {
+    VERSION_CSTR.as_ptr()
+}
+
+/// A short, static English description of a status code ("unknown status" for values
+/// outside the enum). Never NULL; never free it. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
+    let text: &'static CStr = match status_from_int(status) {
+        Some(s) => status_cstr(s),
+        None => c"unknown status",
+    };
+    text.as_ptr()
+}
+
+fn status_from_int(value: c_int) -> Option<Status> {
+    use Status::*;
+    const ALL: [Status; 19] = [
+        Ok, NullArgument, InvalidArgument, Config, Connect, Io, NotFound, State, Panic, DuplicateJob, ShutDown,
+        Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls,
+    ];
+    ALL.iter().copied().find(|s| *s as c_int == value)
+}
+
+fn status_cstr(status: Status) -> &'static CStr {
+    use Status::*;
+    match status {
+        Ok => c"ok",
+        NullArgument => c"null argument",
+        InvalidArgument => c"invalid argument",
+        Config => c"configuration error",
+        Connect => c"cannot connect to store",
+        Io => c"storage I/O error",
+        NotFound => c"not found",
+        State => c"invalid state",
+        Panic => c"internal panic",
+        DuplicateJob => c"duplicate job id",
+        ShutDown => c"tier is shut down",
+        Cancelled => c"cancelled",
+        Timeout => c"timed out",
+        LengthMismatch => c"object length differs from block size",
+        Corrupt => c"checksum mismatch",
+        Auth => c"authentication failed",
+        PermissionDenied => c"permission denied",
+        BucketNotFound => c"bucket not found",
+        Tls => c"TLS error",
+    }
+}
+
+/// Creates a tier from a JSON configuration, builds its store and probes it.
+///
+/// * `config_json`: NUL-terminated UTF-8 JSON, borrowed for the call only. NULL is
+///   KVT_STATUS_NULL_ARGUMENT.
+/// * `out_tier`: receives the new handle, which the caller owns and must release with
+///   `kvt_tier_free` exactly once. On any error `*out_tier` is set to NULL (when
+///   `out_tier` itself is not NULL).
+///
+/// Returns KVT_STATUS_CONFIG for malformed JSON, an unknown key (named in the message)
+/// or a bad value; KVT_STATUS_CONNECT, _AUTH, _TLS, _BUCKET_NOT_FOUND or
+/// _PERMISSION_DENIED when the connectivity probe fails. Messages never contain secrets.
+/// Blocks for the probe. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut *mut kvt_tier) -> Status {
+    guard("kvt_tier_new", || {
+        if out_tier.is_null() {
+            return Err(Error::new(Status::NullArgument, "out_tier is NULL"));
+        }
+        *out_tier = std::ptr::null_mut();
+        if config_json.is_null() {
+            return Err(Error::new(Status::NullArgument, "config_json is NULL"));
+        }
+        let json = CStr::from_ptr(config_json)
+            .to_str()
+            .map_err(|_| Error::config("config_json is not valid UTF-8"))?;
+        let tier = Tier::from_json(json)?;
+        let handle = Box::new(kvt_tier { magic: TIER_MAGIC, tier, last_poll: Mutex::new(PollScratch::default()) });
+        *out_tier = Box::into_raw(handle);
+        Ok(())
+    })
+}
+
+/// Registers the caller's host pool: block `i` is the `block_bytes` bytes at
+/// `base + i * block_bytes`, for `i < num_blocks`.
+///
+/// The memory stays owned by the caller, who must keep it valid until `kvt_tier_free`
+/// (or `kvt_tier_shutdown`) returns. The library reads and writes nothing outside it,
+/// and touches a block only while a job naming it is in flight. Allowed once per tier
+/// (KVT_STATUS_STATE the second time). NULL `tier` or `base` is KVT_STATUS_NULL_ARGUMENT;
+/// zero blocks or zero `block_bytes` is KVT_STATUS_INVALID_ARGUMENT. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_register_memory(
+    tier: *mut kvt_tier,
+    base: *mut u8,
+    num_blocks: u64,
+    block_bytes: usize,
+) -> Status {
+    guard("kvt_tier_register_memory", || {
+        let handle = check_tier(tier)?;
+        handle.tier.register_memory(base, num_blocks, block_bytes)
+    })
+}
+
+unsafe fn submit(
+    what: &'static str,
+    kind: JobKind,
+    tier: *mut kvt_tier,
+    job_id: u64,
+    block_ids: *const u64,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+) -> Status {
+    guard(what, || {
+        let handle = check_tier(tier)?;
+        if num_keys > 0 && (block_ids.is_null() || keys.is_null()) {
+            let which = if block_ids.is_null() { "block_ids" } else { "keys" };
+            return Err(handle.tier.submit_rejected(
+                kind,
+                job_id,
+                num_keys,
+                Error::new(Status::NullArgument, format!("{which} is NULL with num_keys = {num_keys}")),
+            ));
+        }
+        if key_len == 0 {
+            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, Error::invalid("key_len is 0")));
+        }
+        let Some(total) = key_len.checked_mul(num_keys) else {
+            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, Error::invalid("key_len * num_keys overflows")));
+        };
+        let (ids, key_bytes): (&[u64], &[u8]) = if num_keys == 0 {
+            (&[], &[])
+        } else {
+            (std::slice::from_raw_parts(block_ids, num_keys), std::slice::from_raw_parts(keys, total))
+        };
+        let batch = KeyBatch::new(key_bytes, key_len)?;
+        handle.tier.submit(kind, job_id, ids, batch)
+    })
+}
+
+/// Submits a job that stores block `block_ids[i]` under key `i` for `i < num_keys`.
+///
+/// * `keys`: `num_keys` keys of `key_len` bytes each, back to back. A key is a block hash
+///   followed by a 4-byte big-endian group index.
+/// * `block_ids`, `keys`: borrowed for the call only (copied).
+/// * The blocks themselves are read asynchronously: the caller must not modify them until
+///   the job's result has been returned by `kvt_tier_poll`.
+///
+/// Never blocks. With a valid tier and a `job_id` that has no result pending, exactly one
+/// result for `job_id` comes out of `kvt_tier_poll`, also when this call returns an error
+/// (NULL arrays, zero keys, wrong key length, block id out of range, memory not registered,
+/// after shutdown). KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
+/// no second result is produced. Thread-safe; may run concurrently with any function but
+/// `kvt_tier_free`.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_submit_store(
+    tier: *mut kvt_tier,
+    job_id: u64,
+    block_ids: *const u64,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+) -> Status {
+    submit("kvt_tier_submit_store", JobKind::Store, tier, job_id, block_ids, keys, key_len, num_keys)
+}
+
+/// Submits a job that loads key `i` into block `block_ids[i]` for `i < num_keys`.
+///
+/// Same arguments, ownership and result guarantees as `kvt_tier_submit_store`. The blocks
+/// are written asynchronously: the caller must not read or write them until the job's
+/// result has been returned by `kvt_tier_poll`; after that the library never writes them
+/// again. A block id may appear only once per load job. A key whose object is missing, or
+/// whose object length differs from the block size, fails alone; the other keys of the
+/// job still load.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_submit_load(
+    tier: *mut kvt_tier,
+    job_id: u64,
+    block_ids: *const u64,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+) -> Status {
+    submit("kvt_tier_submit_load", JobKind::Load, tier, job_id, block_ids, keys, key_len, num_keys)
+}
+
+/// Takes up to `capacity` finished jobs into `out_results` and writes their number to
+/// `*out_count`. Never blocks; 0 results is KVT_STATUS_OK.
+///
+/// Each job is returned exactly once. The `key_status` and `message` arrays inside the
+/// results are owned by the tier and stay valid until the next `kvt_tier_poll` or
+/// `kvt_tier_free` on this tier. NULL `tier`, `out_count`, or `out_results` with
+/// `capacity > 0` is KVT_STATUS_NULL_ARGUMENT; on any error `*out_count` is 0 (when
+/// `out_count` is not NULL). Works after `kvt_tier_shutdown`, to collect the last results.
+/// Thread-safe, but not concurrently with itself on the same tier (the previous results'
+/// arrays are released by the next poll).
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_poll(
+    tier: *mut kvt_tier,
+    out_results: *mut kvt_result,
+    capacity: usize,
+    out_count: *mut usize,
+) -> Status {
+    guard("kvt_tier_poll", || {
+        if !out_count.is_null() {
+            *out_count = 0;
+        }
+        let handle = check_tier(tier)?;
+        if out_count.is_null() {
+            return Err(Error::new(Status::NullArgument, "out_count is NULL"));
+        }
+        if out_results.is_null() && capacity > 0 {
+            return Err(Error::new(Status::NullArgument, "out_results is NULL"));
+        }
+        let mut scratch = handle.last_poll.lock().unwrap_or_else(|p| p.into_inner());
+        scratch.key_status.clear();
+        scratch.messages.clear();
+        let results = handle.tier.poll(capacity);
+        for (i, r) in results.into_iter().enumerate() {
+            let failed = r.key_status.iter().filter(|s| !s.is_ok()).count();
+            let message = CString::new(r.message.replace('\0', " ")).unwrap_or_default();
+            let out = kvt_result {
+                job_id: r.job_id,
+                kind: r.kind,
+                status: r.status,
+                bytes: r.bytes,
+                seconds: r.seconds,
+                num_keys: r.key_status.len(),
+                num_failed_keys: failed,
+                key_status: r.key_status.as_ptr(),
+                message: message.as_ptr(),
+            };
+            // Moving the Vec and CString keeps their heap buffers where the pointers point.
+            scratch.key_status.push(r.key_status);
+            scratch.messages.push(message);
+            out_results.add(i).write(out);
+            *out_count = i + 1;
+        }
+        Ok(())
+    })
+}
+
+/// A file descriptor that is readable while results wait to be polled, for epoll/poll
+/// based hosts. Owned by the tier: do not close it or read from it. Valid until
+/// `kvt_tier_free`. Returns -1 for a NULL or invalid tier. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
+    guard_or("kvt_tier_event_fd", -1, || Ok(check_tier(tier)?.tier.ready_fd()))
+}
+
+/// Number of jobs submitted and not yet finished (results not yet queued).
+/// Returns 0 for a NULL tier. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
+    guard_or("kvt_tier_jobs_in_flight", 0, || Ok(check_tier(tier)?.tier.jobs_in_flight()))
+}
+
+/// Blocks until no job is in flight, or `timeout_ms` passes (KVT_STATUS_TIMEOUT). Results
+/// stay queued for the next `kvt_tier_poll`. Nothing is cancelled. The tier stays usable.
+/// Thread-safe; must not be called from a thread that other jobs' completion depends on.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_drain(tier: *mut kvt_tier, timeout_ms: u64) -> Status {
+    guard("kvt_tier_drain", || {
+        let handle = check_tier(tier)?;
+        if handle.tier.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "kvt_tier_drain after shutdown"));
+        }
+        handle.tier.drain(Duration::from_millis(timeout_ms))
+    })
+}
+
+/// Shuts the tier down, in order:
+/// 1. new submissions fail with KVT_STATUS_SHUT_DOWN (and still yield their result);
+/// 2. transfers not yet started are cancelled and reported as KVT_STATUS_CANCELLED;
+/// 3. transfers in progress are waited for, up to `shutdown_timeout_ms` of the config,
+///    then abandoned (reported as KVT_STATUS_CANCELLED);
+/// 4. the I/O threads are stopped and joined.
+///
+/// When it returns, the library no longer touches the host pool. Results remain
+/// available to `kvt_tier_poll`; other calls return KVT_STATUS_SHUT_DOWN. Idempotent.
+/// Blocks. Must not run concurrently with other calls on the same tier.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_shutdown(tier: *mut kvt_tier) -> Status {
+    guard("kvt_tier_shutdown", || {
+        check_tier(tier)?.tier.shutdown();
+        Ok(())
+    })
+}
+
+/// Shuts the tier down (as `kvt_tier_shutdown`) and releases the handle and everything it
+/// owns, including unpolled results and the event fd. `tier` must not be used afterwards
+/// and must not be freed twice. NULL is a no-op. Blocks. Must not run concurrently with
+/// other calls on the same tier.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
+    guard_or("kvt_tier_free", (), || {
+        if tier.is_null() {
+            return Ok(());
+        }
+        let handle = check_tier(tier)?;
+        handle.tier.shutdown();
+        let mut boxed = Box::from_raw(tier);
+        boxed.magic = 0;
+        drop(boxed);
+        Ok(())
+    })
+}
+
+pub(crate) fn status_of(result: crate::Result<()>) -> Status {
+    match result {
+        Ok(()) => {
+            set_last_error(None);
+            Status::Ok
+        }
+        Err(e) => {
+            let status = e.status;
+            set_last_error(Some(e));
+            status
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_a_string_and_round_trips() {
+        for v in 0..19 {
+            let s = status_from_int(v).expect("contiguous codes");
+            assert_eq!(s as c_int, v);
+            let text = unsafe { CStr::from_ptr(kvt_status_str(v)) }.to_str().unwrap();
+            assert_eq!(text, s.as_str());
+        }
+        assert!(status_from_int(19).is_none());
+        assert_eq!(unsafe { CStr::from_ptr(kvt_status_str(-1)) }.to_str().unwrap(), "unknown status");
+    }
+}

@@ -1,0 +1,183 @@
+//! Key layout: vLLM's OffloadKey and the object name it maps to.
+//!
+//! A key is the block hash bytes followed by the KV-cache group index as 4 bytes,
+//! big-endian. Its object name is
+//! `<prefix>/<namespace>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin`, with empty
+//! segments dropped and no leading slash: the name vLLM's object tier ends up with
+//! on the server once the S3 client has collapsed its doubled slashes.
+
+use crate::error::{Error, Result};
+
+/// Bytes of the group index at the end of every key.
+pub const GROUP_BYTES: usize = 4;
+/// Longest block hash accepted (covers every hash vLLM can be configured with).
+pub const MAX_HASH_BYTES: usize = 64;
+/// Shortest hash that still yields the 5 hex digits the layout shards on.
+pub const MIN_HASH_BYTES: usize = 3;
+
+/// Splits a key into (hash, group index).
+pub fn split_key(key: &[u8]) -> Result<(&[u8], u32)> {
+    if key.len() < MIN_HASH_BYTES + GROUP_BYTES || key.len() > MAX_HASH_BYTES + GROUP_BYTES {
+        return Err(Error::invalid(format!(
+            "key is {} bytes; a key is a {}..={} byte block hash followed by a 4-byte group index",
+            key.len(),
+            MIN_HASH_BYTES,
+            MAX_HASH_BYTES
+        )));
+    }
+    let (hash, group) = key.split_at(key.len() - GROUP_BYTES);
+    let group = u32::from_be_bytes([group[0], group[1], group[2], group[3]]);
+    Ok((hash, group))
+}
+
+/// Builds a key from a block hash and group index (the inverse of [`split_key`]).
+pub fn make_key(hash: &[u8], group: u32) -> Vec<u8> {
+    let mut key = Vec::with_capacity(hash.len() + GROUP_BYTES);
+    key.extend_from_slice(hash);
+    key.extend_from_slice(&group.to_be_bytes());
+    key
+}
+
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+    out
+}
+
+/// Maps keys to object names under a fixed prefix and namespace.
+#[derive(Debug, Clone)]
+pub struct KeyLayout {
+    /// `prefix/namespace` with empty segments removed; empty when both are empty.
+    base: String,
+}
+
+impl KeyLayout {
+    pub fn new(prefix: &str, namespace: &str) -> Result<Self> {
+        let mut segments = Vec::new();
+        for (what, value) in [("prefix", prefix), ("namespace", namespace)] {
+            for segment in value.split('/').filter(|s| !s.is_empty()) {
+                validate_segment(what, segment)?;
+                segments.push(segment);
+            }
+        }
+        Ok(KeyLayout { base: segments.join("/") })
+    }
+
+    /// The joined prefix and namespace, without trailing slash.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The object name for `key`.
+    pub fn object_name(&self, key: &[u8]) -> Result<String> {
+        let (hash, group) = split_key(key)?;
+        let hex = to_hex(hash);
+        let mut name = String::with_capacity(self.base.len() + hex.len() * 2 + 24);
+        if !self.base.is_empty() {
+            name.push_str(&self.base);
+            name.push('/');
+        }
+        name.push_str(&hex[0..3]);
+        name.push('/');
+        name.push_str(&hex[3..5]);
+        name.push_str("_g");
+        name.push_str(&group.to_string());
+        name.push('/');
+        name.push_str(&hex);
+        name.push_str(".bin");
+        Ok(name)
+    }
+
+    /// A name under the base that no block can ever have, for connectivity probes.
+    pub fn probe_name(&self) -> String {
+        if self.base.is_empty() {
+            "__kvtier_probe__/connectivity_test".to_string()
+        } else {
+            format!("{}/__kvtier_probe__/connectivity_test", self.base)
+        }
+    }
+}
+
+fn validate_segment(what: &str, segment: &str) -> Result<()> {
+    let ok = segment != "."
+        && segment != ".."
+        && segment
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'=' | b'+' | b'@' | b','));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "{what} segment {segment:?} may only contain ASCII letters, digits and - _ . = + @ ,"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash32() -> Vec<u8> {
+        (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(0x0a)).collect()
+    }
+
+    #[test]
+    fn split_and_make_are_inverse() {
+        let key = make_key(&hash32(), 0x0102_0304);
+        assert_eq!(&key[32..], &[1, 2, 3, 4]);
+        let (hash, group) = split_key(&key).unwrap();
+        assert_eq!(hash, &hash32()[..]);
+        assert_eq!(group, 0x0102_0304);
+    }
+
+    #[test]
+    fn vllm_effective_layout_with_prefix() {
+        // vLLM's tier hands "kv//<ns>/0ab/cd_g0/<hex>.bin" to the S3 SDK, which stores "kv/<ns>/...".
+        let layout = KeyLayout::new("kv", "meta-llama_Llama-3-8B_a1b2c3d4e5f6_r0").unwrap();
+        let mut hash = vec![0u8; 32];
+        hash[0] = 0x0a;
+        hash[1] = 0xbc;
+        hash[2] = 0xde;
+        hash[31] = 0xff;
+        let name = layout.object_name(&make_key(&hash, 0)).unwrap();
+        let hex = to_hex(&hash);
+        assert_eq!(hex, format!("0abcde{}ff", "00".repeat(28)));
+        assert_eq!(
+            name,
+            format!("kv/meta-llama_Llama-3-8B_a1b2c3d4e5f6_r0/0ab/cd_g0/{hex}.bin")
+        );
+    }
+
+    #[test]
+    fn vectors() {
+        let layout = KeyLayout::new("", "m_0123456789ab_r0").unwrap();
+        let key = make_key(&[0xde, 0xad, 0xbe, 0xef], 7);
+        assert_eq!(layout.object_name(&key).unwrap(), "m_0123456789ab_r0/dea/db_g7/deadbeef.bin");
+
+        let layout = KeyLayout::new("/a//b/", "/ns/").unwrap();
+        let key = make_key(&[0xff; 8], 4_000_000_000);
+        assert_eq!(
+            layout.object_name(&key).unwrap(),
+            "a/b/ns/fff/ff_g4000000000/ffffffffffffffff.bin"
+        );
+
+        let layout = KeyLayout::new("", "").unwrap();
+        let key = make_key(&[0x00, 0x01, 0x02], 0);
+        assert_eq!(layout.object_name(&key).unwrap(), "000/10_g0/000102.bin");
+        assert_eq!(layout.probe_name(), "__kvtier_probe__/connectivity_test");
+    }
+
+    #[test]
+    fn rejects_bad_keys_and_segments() {
+        assert_eq!(split_key(&[1, 2, 3, 4, 5, 6]).unwrap_err().status, crate::error::Status::InvalidArgument);
+        assert!(split_key(&[0u8; 69]).is_err());
+        assert!(split_key(&[0u8; 68]).is_ok());
+        assert!(KeyLayout::new("a b", "").is_err());
+        assert!(KeyLayout::new("ok", "..").is_err());
+        assert!(KeyLayout::new("ok", "x?y").is_err());
+    }
+}

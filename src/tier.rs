@@ -1,0 +1,672 @@
+//! The tier engine: job table, I/O runtime and completion queue.
+//!
+//! Submission runs on the caller's thread and only validates and spawns; the I/O runs on
+//! the tier's own tokio runtime; completions come back through a crossbeam channel, with
+//! an eventfd that is readable while results wait.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use futures::FutureExt;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, GetResultPayload, ObjectStore, PutOptions, PutPayload};
+use tokio::runtime::Runtime;
+use tokio::sync::Semaphore;
+
+use crate::config::TierConfig;
+use crate::error::{Error, Result, Status};
+use crate::key::{split_key, KeyLayout};
+use crate::pool::{HostPool, MemoryLease};
+use crate::store::{self, DynStore, ProbeOutcome};
+
+/// Direction of a job.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobKind {
+    /// Host pool to store.
+    Store = 0,
+    /// Store to host pool.
+    Load = 1,
+}
+
+/// The keys of one job, stored back to back (every key has the same length).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyBatch {
+    bytes: Arc<[u8]>,
+    key_len: usize,
+}
+
+impl KeyBatch {
+    /// `bytes` holds `bytes.len() / key_len` keys of `key_len` bytes each.
+    pub fn new(bytes: &[u8], key_len: usize) -> Result<Self> {
+        if key_len == 0 || bytes.len() % key_len != 0 {
+            return Err(Error::invalid(format!(
+                "{} key bytes do not divide into keys of {key_len} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(KeyBatch { bytes: bytes.into(), key_len })
+    }
+
+    pub fn from_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<Self> {
+        let key_len = keys.first().map(|k| k.as_ref().len()).unwrap_or(1);
+        let mut bytes = Vec::with_capacity(key_len * keys.len());
+        for k in keys {
+            if k.as_ref().len() != key_len {
+                return Err(Error::invalid("all keys of a job must have the same length"));
+            }
+            bytes.extend_from_slice(k.as_ref());
+        }
+        Self::new(&bytes, key_len)
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.key_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn key_len(&self) -> usize {
+        self.key_len
+    }
+
+    pub fn get(&self, i: usize) -> &[u8] {
+        &self.bytes[i * self.key_len..(i + 1) * self.key_len]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        self.bytes.chunks_exact(self.key_len)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// The one result of a submitted job.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    pub job_id: u64,
+    pub kind: JobKind,
+    /// `Ok` only if every key succeeded; otherwise the first failing key's status.
+    pub status: Status,
+    /// Bytes moved by the keys that succeeded.
+    pub bytes: u64,
+    /// Seconds from submission to completion.
+    pub seconds: f64,
+    /// Outcome of each key, in submission order.
+    pub key_status: Vec<Status>,
+    /// The job's keys, in submission order.
+    pub keys: KeyBatch,
+    /// Why the job failed; empty on success.
+    pub message: String,
+}
+
+impl JobResult {
+    pub fn succeeded(&self) -> bool {
+        self.status.is_ok()
+    }
+
+    /// Keys whose own outcome is `Ok`.
+    pub fn successful_keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().zip(&self.key_status).filter(|(_, s)| s.is_ok()).map(|(k, _)| k)
+    }
+}
+
+enum Phase {
+    Running { kind: JobKind, keys: KeyBatch, submitted: Instant },
+    Finished,
+}
+
+#[derive(Default)]
+struct JobTable {
+    /// Every job id submitted and not yet handed out by `poll`.
+    jobs: HashMap<u64, Phase>,
+    running: usize,
+}
+
+/// Readable while results wait to be polled: one count per queued result.
+struct ReadyFd(RawFd);
+
+impl ReadyFd {
+    fn new() -> Result<Self> {
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(Error::new(
+                Status::Io,
+                format!("eventfd: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        Ok(ReadyFd(fd))
+    }
+    fn add_one(&self) {
+        let one: u64 = 1;
+        unsafe { libc::write(self.0, &one as *const u64 as *const libc::c_void, 8) };
+    }
+    fn take_one(&self) {
+        let mut value: u64 = 0;
+        unsafe { libc::read(self.0, &mut value as *mut u64 as *mut libc::c_void, 8) };
+    }
+}
+
+impl Drop for ReadyFd {
+    fn drop(&mut self) {
+        unsafe { libc::close(self.0) };
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) store: DynStore,
+    pub(crate) layout: KeyLayout,
+    pub(crate) config: TierConfig,
+    pub(crate) probe: ProbeOutcome,
+    pool: OnceLock<HostPool>,
+    transfer_permits: Semaphore,
+    pub(crate) lookup_permits: Semaphore,
+    table: Mutex<JobTable>,
+    table_changed: Condvar,
+    results_tx: Sender<JobResult>,
+    ready: ReadyFd,
+    closing: AtomicBool,
+}
+
+impl Shared {
+    fn table(&self) -> MutexGuard<'_, JobTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes a job's one result. A second finish for the same id is dropped.
+    fn finish(&self, result: JobResult) {
+        let mut table = self.table();
+        match table.jobs.get_mut(&result.job_id) {
+            Some(phase @ Phase::Running { .. }) => {
+                *phase = Phase::Finished;
+                table.running -= 1;
+            }
+            _ => {
+                log::error!("job {} finished twice; second result dropped", result.job_id);
+                return;
+            }
+        }
+        // Count first, then queue: the fd may be briefly readable early, never late.
+        self.ready.add_one();
+        let _ = self.results_tx.send(result);
+        drop(table);
+        self.table_changed.notify_all();
+    }
+}
+
+/// A secondary KV-cache tier.
+///
+/// All methods take `&self`; the tier is `Send + Sync`. `poll` must not run concurrently
+/// with itself if the caller relies on result order.
+pub struct Tier {
+    shared: Arc<Shared>,
+    runtime: RwLock<Option<Runtime>>,
+    results_rx: Receiver<JobResult>,
+}
+
+impl Tier {
+    /// Parses `json`, builds the store and probes it.
+    pub fn from_json(json: &str) -> Result<Tier> {
+        Tier::new(TierConfig::from_json(json)?)
+    }
+
+    pub fn new(config: TierConfig) -> Result<Tier> {
+        config.validate()?;
+        let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.runtime_threads)
+            .thread_name("kvtier-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::new(Status::Io, format!("cannot start I/O runtime: {e}")))?;
+        let store = {
+            let _guard = runtime.enter();
+            store::build_store(&config.store)?
+        };
+        let describe = describe_store(&config);
+        let probe_name = layout.probe_name();
+        let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
+        let (results_tx, results_rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            store,
+            layout,
+            transfer_permits: Semaphore::new(config.max_inflight_transfers),
+            lookup_permits: Semaphore::new(config.max_inflight_lookups),
+            config,
+            probe,
+            pool: OnceLock::new(),
+            table: Mutex::new(JobTable::default()),
+            table_changed: Condvar::new(),
+            results_tx,
+            ready: ReadyFd::new()?,
+            closing: AtomicBool::new(false),
+        });
+        log::info!("kvtier tier ready on {describe}");
+        Ok(Tier { shared, runtime: RwLock::new(Some(runtime)), results_rx })
+    }
+
+    pub fn config(&self) -> &TierConfig {
+        &self.shared.config
+    }
+
+    pub fn layout(&self) -> &KeyLayout {
+        &self.shared.layout
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.shared.store
+    }
+
+    /// Whether start-up found that missing keys answer 403 (no ListBucket permission).
+    pub fn missing_keys_are_forbidden(&self) -> bool {
+        self.shared.probe == ProbeOutcome::ReadyWithoutList
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
+    /// Registers the caller's host pool. Allowed once per tier.
+    ///
+    /// # Safety
+    /// `base .. base + num_blocks * block_bytes` must stay valid until [`shutdown`](Self::shutdown)
+    /// returns, and the caller must not write a block while a store job reads it or touch
+    /// a block while a load job writes it.
+    pub unsafe fn register_memory(&self, base: *mut u8, num_blocks: u64, block_bytes: usize) -> Result<()> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "register_memory after shutdown"));
+        }
+        let pool = HostPool::new(base, num_blocks, block_bytes)?;
+        self.shared
+            .pool
+            .set(pool)
+            .map_err(|_| Error::state("memory is already registered; a tier has one host pool"))
+    }
+
+    pub fn pool(&self) -> Option<HostPool> {
+        self.shared.pool.get().copied()
+    }
+
+    /// Submits a job moving `keys[i]` to or from block `block_ids[i]`.
+    ///
+    /// Never blocks. Unless it returns `DuplicateJob`, exactly one result for `job_id`
+    /// will come out of [`poll`](Self::poll), also when this returns an error.
+    pub fn submit(&self, kind: JobKind, job_id: u64, block_ids: &[u64], keys: KeyBatch) -> Result<()> {
+        self.admit(kind, job_id, &keys)?;
+        match self.prepare(kind, block_ids, &keys) {
+            Ok(names) => self.launch(kind, job_id, block_ids.to_vec(), keys, names),
+            Err(e) => {
+                self.fail_admitted(job_id, kind, keys, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a job that was rejected before its arguments could be read (NULL pointers
+    /// at the C boundary), so that it still yields its one failed result.
+    pub fn submit_rejected(&self, kind: JobKind, job_id: u64, num_keys: usize, error: Error) -> Error {
+        let keys = KeyBatch { bytes: Arc::from(&[][..]), key_len: 1 };
+        if let Err(dup) = self.admit(kind, job_id, &keys) {
+            return dup;
+        }
+        let mut result = failed_result(job_id, kind, keys, &error);
+        result.key_status = vec![error.status; num_keys];
+        self.shared.finish(result);
+        error
+    }
+
+    fn admit(&self, kind: JobKind, job_id: u64, keys: &KeyBatch) -> Result<()> {
+        let mut table = self.shared.table();
+        if table.jobs.contains_key(&job_id) {
+            return Err(Error::new(
+                Status::DuplicateJob,
+                format!("job id {job_id} already has a result pending; poll it before reusing the id"),
+            ));
+        }
+        table.jobs.insert(job_id, Phase::Running { kind, keys: keys.clone(), submitted: Instant::now() });
+        table.running += 1;
+        Ok(())
+    }
+
+    fn fail_admitted(&self, job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) {
+        self.shared.finish(failed_result(job_id, kind, keys, error));
+    }
+
+    fn prepare(&self, kind: JobKind, block_ids: &[u64], keys: &KeyBatch) -> Result<Vec<Path>> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "submit after shutdown"));
+        }
+        let pool = self
+            .shared
+            .pool
+            .get()
+            .ok_or_else(|| Error::state("no memory registered: call register_memory before submitting jobs"))?;
+        if keys.is_empty() {
+            return Err(Error::invalid("a job needs at least one key"));
+        }
+        if keys.len() != block_ids.len() {
+            return Err(Error::invalid(format!(
+                "{} keys but {} block ids; a job moves one block per key",
+                keys.len(),
+                block_ids.len()
+            )));
+        }
+        let expected = self.shared.config.key_bytes;
+        if expected != 0 && keys.key_len() != expected {
+            return Err(Error::invalid(format!(
+                "keys are {} bytes but this tier is configured for key_bytes = {expected}",
+                keys.key_len()
+            )));
+        }
+        for &block in block_ids {
+            pool.check_block(block)?;
+        }
+        if kind == JobKind::Load {
+            let mut seen = std::collections::HashSet::with_capacity(block_ids.len());
+            for &block in block_ids {
+                if !seen.insert(block) {
+                    return Err(Error::invalid(format!(
+                        "block id {block} appears twice in one load job; two keys cannot load into one block"
+                    )));
+                }
+            }
+        }
+        keys.iter()
+            .map(|key| {
+                split_key(key)?;
+                Ok(Path::from(self.shared.layout.object_name(key)?))
+            })
+            .collect()
+    }
+
+    fn launch(&self, kind: JobKind, job_id: u64, block_ids: Vec<u64>, keys: KeyBatch, names: Vec<Path>) -> Result<()> {
+        let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
+        let Some(runtime) = runtime.as_ref() else {
+            let e = Error::new(Status::ShutDown, "submit after shutdown");
+            self.fail_admitted(job_id, kind, keys, &e);
+            return Err(e);
+        };
+        let shared = self.shared.clone();
+        let submitted = Instant::now();
+        runtime.spawn(async move {
+            let job = run_job(shared.clone(), kind, job_id, block_ids, keys.clone(), names, submitted);
+            let result = match std::panic::AssertUnwindSafe(job).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => {
+                    let e = Error::new(Status::Panic, format!("job {job_id} panicked: {}", panic_message(&panic)));
+                    failed_result(job_id, kind, keys, &e)
+                }
+            };
+            shared.finish(result);
+        });
+        Ok(())
+    }
+
+    /// Takes up to `max` finished jobs. Each job is returned exactly once.
+    pub fn poll(&self, max: usize) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            match self.results_rx.try_recv() {
+                Ok(result) => {
+                    self.shared.ready.take_one();
+                    self.shared.table().jobs.remove(&result.job_id);
+                    out.push(result);
+                }
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    /// A file descriptor that is readable while results wait. Owned by the tier.
+    pub fn ready_fd(&self) -> RawFd {
+        self.shared.ready.0
+    }
+
+    /// Jobs submitted and not yet finished.
+    pub fn jobs_in_flight(&self) -> usize {
+        self.shared.table().running
+    }
+
+    /// Waits until no job is in flight. Results stay queued for `poll`.
+    pub fn drain(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut table = self.shared.table();
+        while table.running > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::new(
+                    Status::Timeout,
+                    format!("{} jobs still in flight after {} ms", table.running, timeout.as_millis()),
+                ));
+            }
+            table = self
+                .shared
+                .table_changed
+                .wait_timeout(table, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Stops the tier: refuses new work, cancels work that has not started (reported as
+    /// `Cancelled`), waits for operations in progress, and stops the runtime. Afterwards
+    /// no thread of the tier touches the host pool; results stay available to `poll`.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        let runtime = self.runtime.write().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(runtime) = runtime else { return };
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.transfer_permits.close();
+        self.shared.lookup_permits.close();
+        let grace = Duration::from_millis(self.shared.config.shutdown_timeout_ms);
+        if let Err(e) = self.drain(grace) {
+            log::warn!("shutdown: {}; abandoning them", e.message);
+        }
+        // Dropping the runtime waits for blocking file I/O and drops every task, so no
+        // code of the tier runs after this line.
+        drop(runtime);
+        let abandoned: Vec<(u64, JobKind, KeyBatch, Instant)> = self
+            .shared
+            .table()
+            .jobs
+            .iter()
+            .filter_map(|(&id, phase)| match phase {
+                Phase::Running { kind, keys, submitted } => Some((id, *kind, keys.clone(), *submitted)),
+                Phase::Finished => None,
+            })
+            .collect();
+        for (id, kind, keys, submitted) in abandoned {
+            let e = Error::new(Status::Cancelled, "the tier shut down before the job finished");
+            let mut result = failed_result(id, kind, keys, &e);
+            result.seconds = submitted.elapsed().as_secs_f64();
+            self.shared.finish(result);
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(crate) fn with_runtime<R>(&self, f: impl FnOnce(&Runtime) -> R) -> Option<R> {
+        let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
+        runtime.as_ref().map(f)
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn describe_store(config: &TierConfig) -> String {
+    match &config.store {
+        crate::config::StoreConfig::Local(l) => format!("local directory {}", l.path.display()),
+        crate::config::StoreConfig::Memory(_) => "in-memory store".to_string(),
+        crate::config::StoreConfig::S3(s3) => format!(
+            "s3 bucket {:?} at {}",
+            s3.bucket,
+            store::endpoint_url(&s3.endpoint_override, s3.scheme.as_deref())
+                .unwrap_or_else(|| "AWS".to_string())
+        ),
+    }
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+fn failed_result(job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) -> JobResult {
+    JobResult {
+        job_id,
+        kind,
+        status: error.status,
+        bytes: 0,
+        seconds: 0.0,
+        key_status: vec![error.status; keys.len()],
+        keys,
+        message: error.message.clone(),
+    }
+}
+
+async fn run_job(
+    shared: Arc<Shared>,
+    kind: JobKind,
+    job_id: u64,
+    block_ids: Vec<u64>,
+    keys: KeyBatch,
+    names: Vec<Path>,
+    submitted: Instant,
+) -> JobResult {
+    let pool = *shared.pool.get().expect("submit checks registration");
+    let lease = MemoryLease::new();
+    let outcomes: Vec<std::result::Result<(), Error>> = {
+        let lease = &lease;
+        let shared = &shared;
+        futures::future::join_all(block_ids.iter().zip(&names).map(|(&block, name)| async move {
+            let _permit = shared
+                .transfer_permits
+                .acquire()
+                .await
+                .map_err(|_| Error::new(Status::Cancelled, "the tier shut down before the transfer started"))?;
+            match kind {
+                JobKind::Store => store_block(&shared.store, name, lease.view(&pool, block)).await,
+                JobKind::Load => load_block(&shared.store, name, &pool, block).await,
+            }
+        }))
+        .await
+    };
+    // Every operation has returned; wait until no HTTP body still points into the pool.
+    lease.released().await;
+
+    let key_status: Vec<Status> = outcomes.iter().map(|o| o.as_ref().err().map_or(Status::Ok, |e| e.status)).collect();
+    let ok_keys = key_status.iter().filter(|s| s.is_ok()).count();
+    let first_error = outcomes.iter().find_map(|o| o.as_ref().err());
+    let message = match first_error {
+        Some(e) => {
+            let failed = keys.len() - ok_keys;
+            format!("{failed} of {} keys failed; first: {}", keys.len(), e.message)
+        }
+        None => String::new(),
+    };
+    JobResult {
+        job_id,
+        kind,
+        status: first_error.map_or(Status::Ok, |e| e.status),
+        bytes: (ok_keys * pool.block_bytes()) as u64,
+        seconds: submitted.elapsed().as_secs_f64(),
+        key_status,
+        keys,
+        message,
+    }
+}
+
+fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
+    let status = store::classify(e);
+    let status = if status == Status::Io && is_range_error(e) { Status::LengthMismatch } else { status };
+    Error::new(status, format!("{op} {name}: {}", store::error_chain(e)))
+}
+
+fn is_range_error(e: &object_store::Error) -> bool {
+    let text = store::error_chain(e);
+    text.contains("Requested range was invalid") || text.contains("416") || text.contains("InvalidRange")
+}
+
+async fn store_block(store: &DynStore, name: &Path, body: bytes::Bytes) -> Result<()> {
+    store
+        .put_opts(name, PutPayload::from_bytes(body), PutOptions::default())
+        .await
+        .map(|_| ())
+        .map_err(|e| op_error("store", name, &e))
+}
+
+async fn load_block(store: &DynStore, name: &Path, pool: &HostPool, block: u64) -> Result<()> {
+    let block_bytes = pool.block_bytes();
+    let options = GetOptions { range: Some(GetRange::Bounded(0..block_bytes as u64)), ..Default::default() };
+    let got = store.get_opts(name, options).await.map_err(|e| op_error("load", name, &e))?;
+    if got.meta.size != block_bytes as u64 {
+        return Err(length_mismatch(name, got.meta.size, block_bytes));
+    }
+    let dest = pool.block_ptr(block) as usize;
+    match got.payload {
+        GetResultPayload::File(file, _) => {
+            let read = tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::FileExt;
+                // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
+                let slot = unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, block_bytes) };
+                file.read_exact_at(slot, 0)
+            })
+            .await
+            .map_err(|e| Error::new(Status::Io, format!("load {name}: {e}")))?;
+            read.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    Error::new(Status::LengthMismatch, format!("load {name}: object shorter than {block_bytes} bytes"))
+                } else {
+                    Error::new(Status::Io, format!("load {name}: {e}"))
+                }
+            })
+        }
+        GetResultPayload::Stream(mut stream) => {
+            use futures::StreamExt;
+            let mut filled = 0usize;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| op_error("load", name, &e))?;
+                if filled + chunk.len() > block_bytes {
+                    return Err(length_mismatch(name, (filled + chunk.len()) as u64, block_bytes));
+                }
+                // SAFETY: bounds checked just above against the block, which this job owns.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(chunk.as_ptr(), (dest as *mut u8).add(filled), chunk.len());
+                }
+                filled += chunk.len();
+            }
+            if filled != block_bytes {
+                return Err(length_mismatch(name, filled as u64, block_bytes));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn length_mismatch(name: &Path, got: u64, want: usize) -> Error {
+    Error::new(
+        Status::LengthMismatch,
+        format!("load {name}: object holds {got} bytes but blocks are {want} bytes"),
+    )
+}
