@@ -55,6 +55,12 @@
 #define KVTIER_VERSION "0.1.0"
 
 
+// Bytes of the group index at the end of every key (big-endian).
+#define KVT_KEY_GROUP_BYTES 4
+
+// Key length of vLLM's default (SHA-256) block hash plus the group index.
+#define KVT_DEFAULT_KEY_BYTES 36
+
 // Outcome of a call, of a job, or of one key inside a job.
 //
 // The numeric values are part of the ABI: never renumber, only append.

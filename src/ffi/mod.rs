@@ -23,9 +23,9 @@ use crate::tier::{JobKind, KeyBatch, Tier};
 pub use boundary::kvt_last_error;
 
 /// Bytes of the group index at the end of every key (big-endian).
-pub const KVT_KEY_GROUP_BYTES: usize = crate::key::GROUP_BYTES;
+pub const KVT_KEY_GROUP_BYTES: usize = 4;
 /// Key length of vLLM's default (SHA-256) block hash plus the group index.
-pub const KVT_DEFAULT_KEY_BYTES: usize = crate::config::DEFAULT_KEY_BYTES;
+pub const KVT_DEFAULT_KEY_BYTES: usize = 36;
 
 /// Tag of a live tier handle; checked on every call so that a stale handle is reported
 /// rather than used, as long as its memory was not reused.
@@ -400,6 +400,12 @@ pub(crate) fn status_of(result: crate::Result<()>) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_constants_match_the_engine() {
+        assert_eq!(KVT_KEY_GROUP_BYTES, crate::key::GROUP_BYTES);
+        assert_eq!(KVT_DEFAULT_KEY_BYTES, crate::config::DEFAULT_KEY_BYTES);
+    }
 
     #[test]
     fn every_status_has_a_string_and_round_trips() {
