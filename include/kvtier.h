@@ -61,6 +61,9 @@
 // Key length of vLLM's default (SHA-256) block hash plus the group index.
 #define KVT_DEFAULT_KEY_BYTES 36
 
+// Most keys one job may carry.
+#define MAX_KEYS_PER_JOB (1 << 20)
+
 // Outcome of a call, of a job, or of one key inside a job.
 //
 // The numeric values are part of the ABI: never renumber, only append.
@@ -88,7 +91,8 @@ typedef enum kvt_status {
   KVT_STATUS_DUPLICATE_JOB = 9,
   // The tier has been shut down.
   KVT_STATUS_SHUT_DOWN = 10,
-  // Work was cancelled before it started, because the tier was shutting down.
+  // The tier shut down before the work finished (not started, or abandoned after
+  // `shutdown_timeout_ms`).
   KVT_STATUS_CANCELLED = 11,
   // A deadline passed (drain timeout, request timeout).
   KVT_STATUS_TIMEOUT = 12,
@@ -123,7 +127,9 @@ typedef struct kvt_result {
   uint64_t job_id;
   // Store or load.
   enum kvt_job_kind kind;
-  // KVT_STATUS_OK only if every key succeeded; otherwise the first failing key's status.
+  // KVT_STATUS_OK only if every key succeeded; otherwise the first failing key's status,
+  // or the reason the job was rejected at submission. Always check this first: a
+  // rejected job may carry no per-key statuses (`num_keys` 0).
   enum kvt_status status;
   // Bytes moved by the keys that succeeded.
   uint64_t bytes;
@@ -152,6 +158,12 @@ const char *kvt_version(void);
 const char *kvt_status_str(int status);
 
 // Creates a tier from a JSON configuration, builds its store and probes it.
+//
+// The configuration is an object with a required `store` (`{"type":"local","path":...}`,
+// `{"type":"memory"}` or `{"type":"s3","bucket":...}`) and optional `prefix`,
+// `namespace`, `key_bytes` (default 36; 0 = any length), `runtime_threads`,
+// `max_inflight_transfers`, `max_inflight_lookups`, `enable_kv_events`, `locality`
+// and `shutdown_timeout_ms`; the README's configuration reference lists every key.
 //
 // * `config_json`: NUL-terminated UTF-8 JSON, borrowed for the call only. NULL is
 //   KVT_STATUS_NULL_ARGUMENT.
@@ -191,7 +203,7 @@ enum kvt_status kvt_tier_register_memory(struct kvt_tier *tier,
 // (NULL arrays, zero keys, wrong key length, block id out of range, memory not registered,
 // after shutdown). KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
 // no second result is produced. Thread-safe; may run concurrently with any function but
-// `kvt_tier_free`.
+// `kvt_tier_shutdown` and `kvt_tier_free`.
 enum kvt_status kvt_tier_submit_store(struct kvt_tier *tier,
                                       uint64_t job_id,
                                       const uint64_t *block_ids,

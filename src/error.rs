@@ -31,7 +31,8 @@ pub enum Status {
     DuplicateJob = 9,
     /// The tier has been shut down.
     ShutDown = 10,
-    /// Work was cancelled before it started, because the tier was shutting down.
+    /// The tier shut down before the work finished (not started, or abandoned after
+    /// `shutdown_timeout_ms`).
     Cancelled = 11,
     /// A deadline passed (drain timeout, request timeout).
     Timeout = 12,

@@ -23,6 +23,9 @@ use crate::key::{split_key, KeyLayout};
 use crate::pool::{HostPool, MemoryLease};
 use crate::store::{self, DynStore, ProbeOutcome};
 
+/// Most keys one job may carry.
+pub const MAX_KEYS_PER_JOB: usize = 1 << 20;
+
 /// Direction of a job.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -166,6 +169,9 @@ pub(crate) struct Shared {
     pub(crate) layout: KeyLayout,
     pub(crate) config: TierConfig,
     pub(crate) probe: ProbeOutcome,
+    /// The store keeps the PUT body itself (in-memory): it must get a copy, never a view
+    /// of caller memory.
+    store_keeps_payload: bool,
     pool: OnceLock<HostPool>,
     transfer_permits: Semaphore,
     pub(crate) lookup_permits: Semaphore,
@@ -194,7 +200,6 @@ impl Shared {
                 return;
             }
         }
-        // Count first, then queue: the fd may be briefly readable early, never late.
         self.ready.add_one();
         let _ = self.results_tx.send(result);
         drop(table);
@@ -240,6 +245,7 @@ impl Tier {
             layout,
             transfer_permits: Semaphore::new(config.max_inflight_transfers),
             lookup_permits: Semaphore::new(config.max_inflight_lookups),
+            store_keeps_payload: matches!(config.store, crate::config::StoreConfig::Memory(_)),
             config,
             probe,
             pool: OnceLock::new(),
@@ -318,7 +324,11 @@ impl Tier {
             return dup;
         }
         let mut result = failed_result(job_id, kind, keys, &error);
-        result.key_status = vec![error.status; num_keys];
+        // Per-key outcomes only for a plausible job size: the count came from the caller
+        // unchecked and must not decide an allocation.
+        if num_keys <= MAX_KEYS_PER_JOB {
+            result.key_status = vec![error.status; num_keys];
+        }
         self.shared.finish(result);
         error
     }
@@ -351,6 +361,12 @@ impl Tier {
             .ok_or_else(|| Error::state("no memory registered: call register_memory before submitting jobs"))?;
         if keys.is_empty() {
             return Err(Error::invalid("a job needs at least one key"));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a job has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
         }
         if keys.len() != block_ids.len() {
             return Err(Error::invalid(format!(
@@ -413,11 +429,14 @@ impl Tier {
     /// Takes up to `max` finished jobs. Each job is returned exactly once.
     pub fn poll(&self, max: usize) -> Vec<JobResult> {
         let mut out = Vec::new();
+        // Under the table lock, `finish` is either wholly done or not begun: the fd count
+        // always equals the number of queued results here.
+        let mut table = self.shared.table();
         while out.len() < max {
             match self.results_rx.try_recv() {
                 Ok(result) => {
                     self.shared.ready.take_one();
-                    self.shared.table().jobs.remove(&result.job_id);
+                    table.jobs.remove(&result.job_id);
                     out.push(result);
                 }
                 Err(_) => break,
@@ -566,7 +585,14 @@ async fn run_job(
                 .await
                 .map_err(|_| Error::new(Status::Cancelled, "the tier shut down before the transfer started"))?;
             match kind {
-                JobKind::Store => store_block(&shared.store, name, lease.view(&pool, block)).await,
+                JobKind::Store => {
+                    let body = if shared.store_keeps_payload {
+                        bytes::Bytes::copy_from_slice(lease.view(&pool, block).as_ref())
+                    } else {
+                        lease.view(&pool, block)
+                    };
+                    store_block(&shared.store, name, body).await
+                }
                 JobKind::Load => load_block(&shared.store, name, &pool, block).await,
             }
         }))

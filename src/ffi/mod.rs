@@ -52,7 +52,9 @@ pub struct kvt_result {
     pub job_id: u64,
     /// Store or load.
     pub kind: JobKind,
-    /// KVT_STATUS_OK only if every key succeeded; otherwise the first failing key's status.
+    /// KVT_STATUS_OK only if every key succeeded; otherwise the first failing key's status,
+    /// or the reason the job was rejected at submission. Always check this first: a
+    /// rejected job may carry no per-key statuses (`num_keys` 0).
     pub status: Status,
     /// Bytes moved by the keys that succeeded.
     pub bytes: u64,
@@ -127,6 +129,12 @@ fn status_cstr(status: Status) -> &'static CStr {
 
 /// Creates a tier from a JSON configuration, builds its store and probes it.
 ///
+/// The configuration is an object with a required `store` (`{"type":"local","path":...}`,
+/// `{"type":"memory"}` or `{"type":"s3","bucket":...}`) and optional `prefix`,
+/// `namespace`, `key_bytes` (default 36; 0 = any length), `runtime_threads`,
+/// `max_inflight_transfers`, `max_inflight_lookups`, `enable_kv_events`, `locality`
+/// and `shutdown_timeout_ms`; the README's configuration reference lists every key.
+///
 /// * `config_json`: NUL-terminated UTF-8 JSON, borrowed for the call only. NULL is
 ///   KVT_STATUS_NULL_ARGUMENT.
 /// * `out_tier`: receives the new handle, which the caller owns and must release with
@@ -190,6 +198,14 @@ unsafe fn submit(
 ) -> Status {
     guard(what, || {
         let handle = check_tier(tier)?;
+        if num_keys > crate::tier::MAX_KEYS_PER_JOB {
+            return Err(handle.tier.submit_rejected(
+                kind,
+                job_id,
+                num_keys,
+                Error::invalid(format!("num_keys is {num_keys}; a job has at most {} keys", crate::tier::MAX_KEYS_PER_JOB)),
+            ));
+        }
         if num_keys > 0 && (block_ids.is_null() || keys.is_null()) {
             let which = if block_ids.is_null() { "block_ids" } else { "keys" };
             return Err(handle.tier.submit_rejected(
@@ -228,7 +244,7 @@ unsafe fn submit(
 /// (NULL arrays, zero keys, wrong key length, block id out of range, memory not registered,
 /// after shutdown). KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
 /// no second result is produced. Thread-safe; may run concurrently with any function but
-/// `kvt_tier_free`.
+/// `kvt_tier_shutdown` and `kvt_tier_free`.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_submit_store(
     tier: *mut kvt_tier,

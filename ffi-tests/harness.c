@@ -1,0 +1,1970 @@
+/*
+ * ffi-tests/harness.c: conformance tests for the kvtier C ABI (include/kvtier.h).
+ *
+ * Strict C11 (plus POSIX: mkdtemp, nftw, poll, pthreads); also compiles as C++17
+ * (run.sh builds it both ways). Links against libkvtier.so.0 (-lkvtier -pthread).
+ *
+ *   harness [NAME_SUBSTRING...]      run every case, or only the cases whose name
+ *                                    contains one of the arguments
+ *
+ * Environment:
+ *   KVT_HARNESS_SMALL=1              shrink the many-jobs case from 1000 to 100 jobs
+ *                                    (for valgrind)
+ *   KVT_HARNESS_TIMEOUT_SCALE=N      multiply every wait deadline by N (slow runners)
+ *   KVT_HARNESS_SEED=N               seed of the block contents / key generator
+ *   KVT_HARNESS_XFAIL=a,b            cases that fail because of a known library bug:
+ *                                    reported as XFAIL instead of failing the run;
+ *                                    if such a case passes it is reported as XPASS
+ *                                    and counts as a failure (remove it from the list)
+ *
+ * The last line of output is exactly "N passed, M failed" (N, M = test cases); the exit
+ * status is non-zero when M > 0.
+ */
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700 /* mkdtemp, nftw, poll, clock_gettime */
+#endif
+
+#include "kvtier.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__GNUC__)
+#define KVT_PRINTF(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define KVT_PRINTF(fmt_index, first_arg)
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Tiny test framework                                                                   */
+/* ------------------------------------------------------------------------------------ */
+
+static long g_checks;          /* assertions evaluated, whole run */
+static long g_check_failures;  /* assertions failed, whole run */
+static int g_case_failures;    /* assertions failed in the current case */
+
+static int g_small;            /* KVT_HARNESS_SMALL */
+static int g_timeout_scale = 1;
+static uint64_t g_seed = 0x6b7674696572ULL;
+
+static void report_failure(const char *file, int line, const char *what, const char *last_error)
+{
+    printf("    FAIL %s:%d: %s\n         kvt_last_error(): \"%s\"\n", file, line, what,
+           last_error ? last_error : "(null)");
+    fflush(stdout);
+}
+
+/* Every CHECK reads kvt_last_error() right after its expression, before any other kvt_
+ * call, so the message printed for a failing call is that call's own. */
+static int check_impl(int ok, const char *expr, const char *file, int line)
+{
+    g_checks++;
+    if (!ok) {
+        g_check_failures++;
+        g_case_failures++;
+        report_failure(file, line, expr, kvt_last_error());
+    }
+    return ok;
+}
+
+static int checkf_impl(int ok, const char *expr, const char *file, int line, const char *fmt, ...)
+    KVT_PRINTF(5, 6);
+static int checkf_impl(int ok, const char *expr, const char *file, int line, const char *fmt, ...)
+{
+    g_checks++;
+    if (!ok) {
+        char context[512];
+        char what[1024];
+        const char *last_error = kvt_last_error();
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(context, sizeof context, fmt, ap);
+        va_end(ap);
+        snprintf(what, sizeof what, "%s  [%s]", expr, context);
+        g_check_failures++;
+        g_case_failures++;
+        report_failure(file, line, what, last_error);
+    }
+    return ok;
+}
+
+/* A call's status: must equal `want`; a failure must come with a non-empty
+ * kvt_last_error(), a success with "" (as the header promises). */
+static int check_status_impl(int got, int want, const char *expr, const char *file, int line)
+{
+    const char *last_error = kvt_last_error();
+    int ok = got == want;
+    char what[1024];
+    g_checks++;
+    if (ok && want != KVT_STATUS_OK && (last_error == NULL || last_error[0] == '\0')) {
+        snprintf(what, sizeof what, "%s returned %d (%s) as expected, but kvt_last_error() is empty",
+                 expr, got, kvt_status_str(got));
+        ok = 0;
+    } else if (ok && want == KVT_STATUS_OK && (last_error == NULL || last_error[0] != '\0')) {
+        snprintf(what, sizeof what, "%s succeeded, but kvt_last_error() is not \"\" afterwards", expr);
+        ok = 0;
+    } else if (!ok) {
+        snprintf(what, sizeof what, "%s returned %d (%s), want %d (%s)", expr, got, kvt_status_str(got), want,
+                 kvt_status_str(want));
+    }
+    if (!ok) {
+        g_check_failures++;
+        g_case_failures++;
+        report_failure(file, line, what, last_error);
+    }
+    return ok;
+}
+
+#define CHECK(cond) check_impl((cond) ? 1 : 0, #cond, __FILE__, __LINE__)
+#define CHECKF(cond, ...) checkf_impl((cond) ? 1 : 0, #cond, __FILE__, __LINE__, __VA_ARGS__)
+#define CHECK_STATUS(expr, want) check_status_impl((int)(expr), (int)(want), #expr, __FILE__, __LINE__)
+/* Stop the current case when a precondition fails (the fixture is still cleaned up by
+ * the caller of the case body). */
+#define REQUIRE(cond)                                                                      \
+    do {                                                                                   \
+        if (!CHECK(cond))                                                                  \
+            return;                                                                        \
+    } while (0)
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int scaled_ms(int ms) { return ms * g_timeout_scale; }
+
+/* xorshift64*: deterministic block contents and keys. */
+static uint64_t g_rng;
+static uint64_t rng_next(void)
+{
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 0x2545F4914F6CDD1DULL;
+}
+
+static void rng_fill(uint8_t *dst, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint64_t v = rng_next();
+        size_t k;
+        for (k = 0; k < 8 && i < n; k++, i++) {
+            dst[i] = (uint8_t)(v >> (8 * k));
+        }
+    }
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Keys, temp dirs, fixture                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+enum { KEY_LEN = KVT_DEFAULT_KEY_BYTES, HASH_LEN = KVT_DEFAULT_KEY_BYTES - KVT_KEY_GROUP_BYTES };
+
+/* A key: 32 random hash bytes followed by the group index, 4 bytes big-endian. */
+static void make_key(uint8_t *key, uint32_t group)
+{
+    rng_fill(key, HASH_LEN);
+    key[HASH_LEN + 0] = (uint8_t)(group >> 24);
+    key[HASH_LEN + 1] = (uint8_t)(group >> 16);
+    key[HASH_LEN + 2] = (uint8_t)(group >> 8);
+    key[HASH_LEN + 3] = (uint8_t)group;
+}
+
+static uint8_t *make_keys(size_t n)
+{
+    uint8_t *keys = (uint8_t *)xmalloc(n * KEY_LEN);
+    size_t i;
+    for (i = 0; i < n; i++) {
+        make_key(keys + i * KEY_LEN, (uint32_t)(i % 3));
+    }
+    return keys;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb;
+    (void)ftw;
+    if (type == FTW_DP) {
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+    return 0;
+}
+
+static void rm_rf(const char *dir)
+{
+    if (dir[0] != '\0') {
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    }
+}
+
+static int make_temp_dir(char *out, size_t cap)
+{
+    const char *base = getenv("TMPDIR");
+    if (base == NULL || base[0] == '\0') {
+        base = "/tmp";
+    }
+    snprintf(out, cap, "%s/kvtier-harness-XXXXXX", base);
+    if (mkdtemp(out) == NULL) {
+        printf("    mkdtemp(%s): %s\n", out, strerror(errno));
+        out[0] = '\0';
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct fixture {
+    kvt_tier *tier;
+    uint8_t *pool;
+    uint64_t num_blocks;
+    size_t block_bytes;
+    char dir[512]; /* local store root ("" for a memory store); removed on close */
+} fixture;
+
+static uint8_t *block(const fixture *f, uint64_t id) { return f->pool + id * f->block_bytes; }
+
+/* Opens a tier on a fresh store ("memory" or "local") with `extra` appended to the
+ * top-level JSON object (e.g. ",\"max_inflight_transfers\":1"), and registers a pool of
+ * random bytes unless num_blocks is 0. */
+static int fixture_open(fixture *f, const char *store, uint64_t num_blocks, size_t block_bytes,
+                        const char *extra)
+{
+    char json[1024];
+    memset(f, 0, sizeof *f);
+    if (strcmp(store, "local") == 0) {
+        if (!CHECK(make_temp_dir(f->dir, sizeof f->dir))) {
+            return 0;
+        }
+        snprintf(json, sizeof json, "{\"store\":{\"type\":\"local\",\"path\":\"%s/store\"}%s}", f->dir,
+                 extra ? extra : "");
+    } else {
+        snprintf(json, sizeof json, "{\"store\":{\"type\":\"memory\"}%s}", extra ? extra : "");
+    }
+    if (!CHECK_STATUS(kvt_tier_new(json, &f->tier), KVT_STATUS_OK) || !CHECK(f->tier != NULL)) {
+        printf("    config was: %s\n", json);
+        f->tier = NULL;
+        return 0;
+    }
+    f->num_blocks = num_blocks;
+    f->block_bytes = block_bytes;
+    if (num_blocks > 0) {
+        f->pool = (uint8_t *)xmalloc((size_t)num_blocks * block_bytes);
+        rng_fill(f->pool, (size_t)num_blocks * block_bytes);
+        if (!CHECK_STATUS(kvt_tier_register_memory(f->tier, f->pool, num_blocks, block_bytes), KVT_STATUS_OK)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Frees the tier first (it may still use the pool until then), then the pool. */
+static void fixture_close(fixture *f)
+{
+    kvt_tier_free(f->tier);
+    f->tier = NULL;
+    free(f->pool);
+    f->pool = NULL;
+    rm_rf(f->dir);
+    f->dir[0] = '\0';
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Results                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/* A copy of one kvt_result (its arrays die at the next poll). */
+typedef struct owned_result {
+    uint64_t job_id;
+    kvt_job_kind kind;
+    kvt_status status;
+    uint64_t bytes;
+    double seconds;
+    size_t num_keys;
+    size_t num_failed_keys;
+    kvt_status *key_status;
+    char *message;
+} owned_result;
+
+static void free_results(owned_result *r, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        free(r[i].key_status);
+        free(r[i].message);
+    }
+}
+
+/* Checks what every result must satisfy, whatever its job. */
+static void check_result_invariants(const kvt_result *r, size_t block_bytes)
+{
+    size_t i, failed = 0;
+    int first_bad = -1;
+    uint64_t id = r->job_id;
+    CHECKF(r->kind == KVT_JOB_KIND_STORE || r->kind == KVT_JOB_KIND_LOAD, "job %" PRIu64, id);
+    CHECKF(r->message != NULL, "job %" PRIu64, id);
+    CHECKF(r->num_keys == 0 || r->key_status != NULL, "job %" PRIu64, id);
+    CHECKF(r->seconds >= 0.0 && isfinite(r->seconds), "job %" PRIu64 " seconds=%g", id, r->seconds);
+    if (r->num_keys > 0 && r->key_status != NULL) {
+        for (i = 0; i < r->num_keys; i++) {
+            if (r->key_status[i] != KVT_STATUS_OK) {
+                failed++;
+                if (first_bad < 0) {
+                    first_bad = (int)i;
+                }
+            }
+        }
+    }
+    CHECKF(r->num_failed_keys == failed, "job %" PRIu64 ": num_failed_keys=%zu, non-OK key statuses=%zu", id,
+           r->num_failed_keys, failed);
+    if (first_bad >= 0) {
+        CHECKF(r->status == r->key_status[first_bad], "job %" PRIu64 ": status %d but first failing key has %d",
+               id, (int)r->status, (int)r->key_status[first_bad]);
+    }
+    if (r->status == KVT_STATUS_OK) {
+        CHECKF(failed == 0, "job %" PRIu64, id);
+        CHECKF(r->message != NULL && r->message[0] == '\0', "job %" PRIu64 " OK but message \"%s\"", id,
+               r->message ? r->message : "(null)");
+    } else {
+        CHECKF(r->message != NULL && r->message[0] != '\0', "job %" PRIu64 " failed (%d) with an empty message",
+               id, (int)r->status);
+    }
+    CHECKF(r->bytes == (uint64_t)(r->num_keys - failed) * block_bytes,
+           "job %" PRIu64 ": bytes=%" PRIu64 ", keys=%zu, failed=%zu, block_bytes=%zu", id, r->bytes,
+           r->num_keys, failed, block_bytes);
+}
+
+static void copy_result(owned_result *dst, const kvt_result *src)
+{
+    dst->job_id = src->job_id;
+    dst->kind = src->kind;
+    dst->status = src->status;
+    dst->bytes = src->bytes;
+    dst->seconds = src->seconds;
+    dst->num_keys = src->num_keys;
+    dst->num_failed_keys = src->num_failed_keys;
+    dst->key_status = (kvt_status *)xmalloc(src->num_keys * sizeof(kvt_status));
+    if (src->num_keys > 0 && src->key_status != NULL) {
+        memcpy(dst->key_status, src->key_status, src->num_keys * sizeof(kvt_status));
+    }
+    dst->message = (char *)xmalloc(src->message ? strlen(src->message) + 1 : 1);
+    strcpy(dst->message, src->message ? src->message : "");
+}
+
+static int fd_readable(int fd, int timeout_ms)
+{
+    struct pollfd p;
+    int r;
+    p.fd = fd;
+    p.events = POLLIN;
+    p.revents = 0;
+    do {
+        r = poll(&p, 1, timeout_ms);
+    } while (r < 0 && errno == EINTR);
+    return r > 0 && (p.revents & POLLIN) != 0;
+}
+
+/* Collects results until `want` have arrived or `timeout_ms` passes, `capacity` per
+ * kvt_tier_poll call, sleeping in poll(2) on the tier's event fd between polls. Every
+ * result is checked against the invariants and copied into out[0..out_cap). Returns the
+ * number of results collected; *polls (if not NULL) receives the number of poll calls
+ * that returned at least one result. */
+static size_t collect(const fixture *f, size_t want, int timeout_ms, size_t capacity, owned_result *out,
+                      size_t out_cap, size_t *polls)
+{
+    size_t got = 0, nonempty = 0;
+    kvt_result *buf = (kvt_result *)xmalloc(capacity * sizeof(kvt_result));
+    int fd = kvt_tier_event_fd(f->tier);
+    double deadline = now_ms() + timeout_ms;
+    CHECK(fd >= 0);
+    while (got < want) {
+        size_t n = 12345, i;
+        double left = deadline - now_ms();
+        if (left <= 0) {
+            break;
+        }
+        if (fd >= 0) {
+            fd_readable(fd, left > 100 ? 100 : (int)left + 1);
+        }
+        if (!CHECK_STATUS(kvt_tier_poll(f->tier, buf, capacity, &n), KVT_STATUS_OK)) {
+            break;
+        }
+        CHECK(n <= capacity);
+        if (n > 0) {
+            nonempty++;
+        }
+        for (i = 0; i < n; i++) {
+            check_result_invariants(&buf[i], f->block_bytes);
+            if (got < out_cap) {
+                copy_result(&out[got], &buf[i]);
+            }
+            got++;
+        }
+    }
+    free(buf);
+    if (polls) {
+        *polls = nonempty;
+    }
+    if (got < want) {
+        printf("    collect: %zu of %zu results after %d ms (%zu jobs in flight)\n", got, want, timeout_ms,
+               kvt_tier_jobs_in_flight(f->tier));
+    }
+    return got;
+}
+
+/* Polls until nothing is queued, checking each result's invariants; returns how many. */
+static size_t discard_results(const fixture *f)
+{
+    kvt_result buf[16];
+    size_t total = 0, n = 0, i;
+    do {
+        if (!CHECK_STATUS(kvt_tier_poll(f->tier, buf, 16, &n), KVT_STATUS_OK)) {
+            break;
+        }
+        for (i = 0; i < n; i++) {
+            check_result_invariants(&buf[i], f->block_bytes);
+        }
+        total += n;
+    } while (n > 0);
+    return total;
+}
+
+/* Polls once, expecting exactly one result, for `job_id`, already queued (submission
+ * failures are reported synchronously). */
+static int expect_one_queued(const fixture *f, uint64_t job_id, owned_result *out)
+{
+    kvt_result buf[4];
+    size_t n = 99;
+    int fd = kvt_tier_event_fd(f->tier);
+    CHECKF(fd >= 0 && fd_readable(fd, 0), "event fd readable while job %" PRIu64 "'s result waits", job_id);
+    if (!CHECK_STATUS(kvt_tier_poll(f->tier, buf, 4, &n), KVT_STATUS_OK)) {
+        return 0;
+    }
+    if (!CHECKF(n == 1, "job %" PRIu64 ": %zu results queued, want 1", job_id, n)) {
+        return 0;
+    }
+    check_result_invariants(&buf[0], f->block_bytes);
+    copy_result(out, &buf[0]);
+    CHECKF(buf[0].job_id == job_id, "got job %" PRIu64 ", want %" PRIu64, buf[0].job_id, job_id);
+    CHECKF(!fd_readable(fd, 0), "event fd not readable after the only result was polled (job %" PRIu64 ")",
+           job_id);
+    return buf[0].job_id == job_id;
+}
+
+/* Waits for the given job ids (each exactly once, nothing else), all expected OK. */
+static int wait_ok(const fixture *f, const uint64_t *ids, size_t n, int timeout_ms)
+{
+    owned_result *res = (owned_result *)xmalloc(n * sizeof(owned_result));
+    size_t got = collect(f, n, timeout_ms, 8, res, n, NULL);
+    size_t i, j;
+    int ok = CHECKF(got == n, "%zu of %zu results", got, n);
+    for (i = 0; i < got && i < n; i++) {
+        int known = 0;
+        for (j = 0; j < n; j++) {
+            known |= res[i].job_id == ids[j];
+        }
+        ok &= CHECKF(known, "unexpected job %" PRIu64, res[i].job_id);
+        ok &= CHECKF(res[i].status == KVT_STATUS_OK, "job %" PRIu64 " status %d (%s): %s", res[i].job_id,
+                     (int)res[i].status, kvt_status_str(res[i].status), res[i].message);
+        for (j = 0; j < i; j++) {
+            ok &= CHECKF(res[j].job_id != res[i].job_id, "job %" PRIu64 " reported twice", res[i].job_id);
+        }
+    }
+    free_results(res, got < n ? got : n);
+    free(res);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* a. version, h. status strings                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+static void test_version(void)
+{
+    const char *v = kvt_version();
+    int major = -1, minor = -1, patch = -1;
+    char expect[64];
+    REQUIRE(v != NULL);
+    CHECKF(strcmp(v, KVTIER_VERSION) == 0, "kvt_version() \"%s\", header \"%s\"", v, KVTIER_VERSION);
+    CHECK(sscanf(v, "%d.%d.%d", &major, &minor, &patch) == 3);
+    CHECK(major == KVTIER_VERSION_MAJOR);
+    CHECK(minor == KVTIER_VERSION_MINOR);
+    CHECK(patch == KVTIER_VERSION_PATCH);
+    snprintf(expect, sizeof expect, "%d.%d.%d", KVTIER_VERSION_MAJOR, KVTIER_VERSION_MINOR, KVTIER_VERSION_PATCH);
+    CHECK(strcmp(expect, KVTIER_VERSION) == 0);
+    CHECK(kvt_version() == v); /* static storage */
+}
+
+static void test_status_str(void)
+{
+    static const int codes[] = {
+        KVT_STATUS_OK,           KVT_STATUS_NULL_ARGUMENT,   KVT_STATUS_INVALID_ARGUMENT,
+        KVT_STATUS_CONFIG,       KVT_STATUS_CONNECT,         KVT_STATUS_IO,
+        KVT_STATUS_NOT_FOUND,    KVT_STATUS_STATE,           KVT_STATUS_PANIC,
+        KVT_STATUS_DUPLICATE_JOB, KVT_STATUS_SHUT_DOWN,      KVT_STATUS_CANCELLED,
+        KVT_STATUS_TIMEOUT,      KVT_STATUS_LENGTH_MISMATCH, KVT_STATUS_CORRUPT,
+        KVT_STATUS_AUTH,         KVT_STATUS_PERMISSION_DENIED, KVT_STATUS_BUCKET_NOT_FOUND,
+        KVT_STATUS_TLS,
+    };
+    const size_t n = sizeof codes / sizeof codes[0];
+    const char *unknown = kvt_status_str(-1);
+    size_t i, j;
+    CHECK(n == 19);
+    for (i = 0; i < n; i++) {
+        const char *s = kvt_status_str(codes[i]);
+        CHECKF(codes[i] == (int)i, "code %d at position %zu: the ABI numbers are contiguous", codes[i], i);
+        if (!CHECKF(s != NULL && s[0] != '\0', "kvt_status_str(%d)", codes[i])) {
+            continue;
+        }
+        CHECKF(unknown == NULL || strcmp(s, unknown) != 0, "kvt_status_str(%d) = \"%s\"", codes[i], s);
+        for (j = 0; j < i; j++) {
+            CHECKF(strcmp(s, kvt_status_str(codes[j])) != 0, "codes %d and %d share \"%s\"", codes[i], codes[j], s);
+        }
+    }
+    CHECK(strcmp(kvt_status_str(KVT_STATUS_OK), "ok") == 0);
+    REQUIRE(unknown != NULL);
+    CHECK(strcmp(unknown, "unknown status") == 0);
+    CHECK(strcmp(kvt_status_str(19), "unknown status") == 0);
+    CHECK(strcmp(kvt_status_str(1000000), "unknown status") == 0);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* b. round trip                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+static void round_trip(const char *store)
+{
+    enum { BLOCKS = 64, HALF = 32, PER_JOB = 8, JOBS = HALF / PER_JOB };
+    const size_t bb = 64 * 1024;
+    fixture f;
+    uint8_t *keys = NULL, *saved = NULL, *load_keys = NULL;
+    uint64_t perm[HALF], ids[HALF], job_ids[JOBS];
+    size_t i, j, mismatched = 0;
+    const char *extra = strcmp(store, "memory") == 0 ? ",\"shutdown_timeout_ms\":500" : "";
+
+    if (!fixture_open(&f, store, BLOCKS, bb, extra)) {
+        fixture_close(&f);
+        return;
+    }
+    keys = make_keys(HALF); /* key i names block i */
+    saved = (uint8_t *)xmalloc(HALF * bb);
+    memcpy(saved, f.pool, HALF * bb);
+
+    /* Store blocks 0..31 under keys 0..31, in 4 jobs of 8 keys. */
+    for (j = 0; j < JOBS; j++) {
+        for (i = 0; i < PER_JOB; i++) {
+            ids[i] = j * PER_JOB + i;
+        }
+        job_ids[j] = 100 + j;
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, job_ids[j], ids, keys + j * PER_JOB * KEY_LEN, KEY_LEN, PER_JOB),
+                     KVT_STATUS_OK);
+    }
+    if (!wait_ok(&f, job_ids, JOBS, scaled_ms(2000))) {
+        goto out;
+    }
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+
+    /* The stores have been reported: the blocks are the caller's again. Overwrite them,
+     * so that a store that kept pointing at the pool instead of a copy shows up. */
+    rng_fill(f.pool, HALF * bb);
+
+    /* Slot 32 + i receives key perm[i]: a shuffled, non-identity mapping. */
+    for (i = 0; i < HALF; i++) {
+        perm[i] = i;
+    }
+    for (i = HALF - 1; i > 0; i--) {
+        size_t k = (size_t)(rng_next() % (i + 1));
+        uint64_t t = perm[i];
+        perm[i] = perm[k];
+        perm[k] = t;
+    }
+    if (perm[0] == 0) { /* never identity at slot 32 */
+        uint64_t t = perm[0];
+        perm[0] = perm[1];
+        perm[1] = t;
+    }
+    load_keys = (uint8_t *)xmalloc(HALF * KEY_LEN);
+    for (i = 0; i < HALF; i++) {
+        memcpy(load_keys + i * KEY_LEN, keys + perm[i] * KEY_LEN, KEY_LEN);
+    }
+    /* Load in 4 jobs; the block ids of a job are listed in reverse to mix things up. */
+    for (j = 0; j < JOBS; j++) {
+        uint8_t jk[PER_JOB * KEY_LEN];
+        for (i = 0; i < PER_JOB; i++) {
+            size_t slot = j * PER_JOB + (PER_JOB - 1 - i);
+            ids[i] = HALF + slot;
+            memcpy(jk + i * KEY_LEN, load_keys + slot * KEY_LEN, KEY_LEN);
+        }
+        job_ids[j] = 200 + j;
+        CHECK_STATUS(kvt_tier_submit_load(f.tier, job_ids[j], ids, jk, KEY_LEN, PER_JOB), KVT_STATUS_OK);
+    }
+    if (!wait_ok(&f, job_ids, JOBS, scaled_ms(2000))) {
+        goto out;
+    }
+    for (i = 0; i < HALF; i++) {
+        if (memcmp(block(&f, HALF + i), saved + perm[i] * bb, bb) != 0) {
+            mismatched++;
+            if (mismatched <= 4) {
+                printf("    slot %zu differs from original block %" PRIu64 "\n", HALF + i, perm[i]);
+            }
+        }
+    }
+    CHECKF(mismatched == 0, "%zu of %d loaded blocks differ from what was stored", mismatched, HALF);
+
+out:
+    if (kvt_tier_jobs_in_flight(f.tier) > 0) {
+        /* Leave no job behind: shut down (cancelling what is stuck), then check and drop
+         * the remaining results. */
+        printf("    %zu jobs still in flight; shutting the tier down\n", kvt_tier_jobs_in_flight(f.tier));
+        CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+        CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+        discard_results(&f);
+    }
+    free(keys);
+    free(saved);
+    free(load_keys);
+    fixture_close(&f);
+}
+
+static void test_roundtrip_local(void) { round_trip("local"); }
+static void test_roundtrip_memory(void) { round_trip("memory"); }
+
+/* ------------------------------------------------------------------------------------ */
+/* c. many jobs in flight                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+static void test_many_jobs(void)
+{
+    const size_t jobs = g_small ? 100 : 1000;
+    const size_t bb = 4096;
+    const uint64_t sources = 16;              /* blocks 0..15: stored once up front */
+    const uint64_t first_dest = sources;      /* one destination block per load job */
+    const uint64_t blocks = sources + jobs / 2 + 1;
+    const uint64_t base_id = 1u << 20, stride = 3;
+    fixture f;
+    uint8_t *src_keys = NULL, *job_keys = NULL;
+    uint64_t src_ids[16], setup_id = 7;
+    unsigned char *seen = NULL;
+    size_t *load_src = NULL;
+    owned_result *res = NULL;
+    size_t i, got = 0, polls = 0, dup = 0, unknown = 0, missing = 0, bad = 0;
+    int fd;
+    double t0;
+
+    if (!fixture_open(&f, "local", blocks, bb, "")) {
+        fixture_close(&f);
+        return;
+    }
+    src_keys = make_keys(sources);
+    for (i = 0; i < sources; i++) {
+        src_ids[i] = i;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, setup_id, src_ids, src_keys, KEY_LEN, sources), KVT_STATUS_OK);
+    if (!wait_ok(&f, &setup_id, 1, scaled_ms(5000))) {
+        goto out;
+    }
+    fd = kvt_tier_event_fd(f.tier);
+    if (!CHECK(fd >= 0)) {
+        goto out;
+    }
+    CHECK(!fd_readable(fd, 0));
+
+    /* Submit everything first: even jobs store 1-3 source blocks under fresh keys, odd jobs
+     * load one source key into their own destination block. */
+    job_keys = make_keys(3 * jobs);
+    load_src = (size_t *)xmalloc(jobs * sizeof(size_t));
+    t0 = now_ms();
+    for (i = 0; i < jobs; i++) {
+        uint64_t id = base_id + stride * i;
+        if (i % 2 == 0) {
+            uint64_t ids[3];
+            size_t k, nk = 1 + (i / 2) % 3;
+            for (k = 0; k < nk; k++) {
+                ids[k] = (i + k) % sources;
+            }
+            CHECK_STATUS(kvt_tier_submit_store(f.tier, id, ids, job_keys + 3 * i * KEY_LEN, KEY_LEN, nk),
+                         KVT_STATUS_OK);
+        } else {
+            uint64_t dest = first_dest + i / 2;
+            load_src[i] = (size_t)(rng_next() % sources);
+            CHECK_STATUS(kvt_tier_submit_load(f.tier, id, &dest, src_keys + load_src[i] * KEY_LEN, KEY_LEN, 1),
+                         KVT_STATUS_OK);
+        }
+    }
+    printf("    submitted %zu jobs in %.1f ms; %zu in flight right after\n", jobs, now_ms() - t0,
+           kvt_tier_jobs_in_flight(f.tier));
+
+    /* Collect with a small capacity, waiting on the event fd. */
+    res = (owned_result *)xmalloc((jobs + 8) * sizeof(owned_result));
+    got = collect(&f, jobs, scaled_ms(60000), 7, res, jobs + 8, &polls);
+    printf("    %zu results in %zu non-empty polls of capacity 7, %.1f ms after the first submit\n", got, polls,
+           now_ms() - t0);
+    CHECKF(got == jobs, "%zu results for %zu jobs", got, jobs);
+    CHECKF(polls >= (jobs + 6) / 7, "%zu polls", polls);
+
+    seen = (unsigned char *)xmalloc(jobs);
+    memset(seen, 0, jobs);
+    for (i = 0; i < got && i < jobs + 8; i++) {
+        uint64_t id = res[i].job_id;
+        size_t idx = (size_t)((id - base_id) / stride);
+        if (id < base_id || (id - base_id) % stride != 0 || idx >= jobs) {
+            unknown++;
+            continue;
+        }
+        if (seen[idx]++) {
+            dup++;
+        }
+        if (res[i].status != KVT_STATUS_OK ||
+            res[i].kind != (idx % 2 == 0 ? KVT_JOB_KIND_STORE : KVT_JOB_KIND_LOAD) ||
+            res[i].num_keys != (idx % 2 == 0 ? 1 + (idx / 2) % 3 : 1)) {
+            if (bad++ < 3) {
+                printf("    job %" PRIu64 ": status %d kind %d keys %zu: %s\n", id, (int)res[i].status,
+                       (int)res[i].kind, res[i].num_keys, res[i].message);
+            }
+        }
+    }
+    for (i = 0; i < jobs; i++) {
+        missing += !seen[i];
+    }
+    CHECKF(unknown == 0, "%zu results with unknown job ids", unknown);
+    CHECKF(dup == 0, "%zu job ids reported more than once", dup);
+    CHECKF(missing == 0, "%zu job ids never reported", missing);
+    CHECKF(bad == 0, "%zu results with a wrong status, kind or key count", bad);
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+    CHECK(!fd_readable(fd, 0));
+
+    /* Every load job brought back its source block. */
+    bad = 0;
+    for (i = 1; i < jobs; i += 2) {
+        bad += memcmp(block(&f, first_dest + i / 2), block(&f, load_src[i]), bb) != 0;
+    }
+    CHECKF(bad == 0, "%zu loaded blocks differ from their source", bad);
+
+out:
+    if (res) {
+        free_results(res, got < jobs + 8 ? got : jobs + 8);
+    }
+    free(res);
+    free(seen);
+    free(load_src);
+    free(src_keys);
+    free(job_keys);
+    fixture_close(&f);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* d. partial load failure                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+static void test_partial_load(void)
+{
+    enum { N = 6, MISSING = 2 };
+    const size_t bb = 8192;
+    fixture f;
+    uint8_t *keys = make_keys(N), stored_keys[(N - 1) * KEY_LEN];
+    uint64_t store_ids[N - 1], load_ids[N], sid = 1, lid = 2;
+    owned_result r;
+    size_t i, k = 0;
+
+    memset(&r, 0, sizeof r);
+    if (!fixture_open(&f, "local", 2 * N, bb, "")) {
+        goto out;
+    }
+    /* Store blocks 0..5 except block MISSING, whose key is never stored. */
+    for (i = 0; i < N; i++) {
+        if (i != MISSING) {
+            store_ids[k] = i;
+            memcpy(stored_keys + k * KEY_LEN, keys + i * KEY_LEN, KEY_LEN);
+            k++;
+        }
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, sid, store_ids, stored_keys, KEY_LEN, N - 1), KVT_STATUS_OK);
+    if (!wait_ok(&f, &sid, 1, scaled_ms(5000))) {
+        goto out;
+    }
+    for (i = 0; i < N; i++) {
+        load_ids[i] = N + i;
+    }
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, lid, load_ids, keys, KEY_LEN, N), KVT_STATUS_OK);
+    if (!CHECK(collect(&f, 1, scaled_ms(5000), 4, &r, 1, NULL) == 1)) {
+        goto out;
+    }
+    CHECK(r.job_id == lid);
+    CHECK(r.kind == KVT_JOB_KIND_LOAD);
+    CHECKF(r.status == KVT_STATUS_NOT_FOUND, "status %d (%s)", (int)r.status, kvt_status_str(r.status));
+    CHECK(r.num_keys == N);
+    CHECK(r.num_failed_keys == 1);
+    CHECKF(r.bytes == (uint64_t)(N - 1) * bb, "bytes %" PRIu64, r.bytes);
+    CHECK(r.message[0] != '\0');
+    for (i = 0; i < N && i < r.num_keys; i++) {
+        if (i == MISSING) {
+            CHECKF(r.key_status[i] == KVT_STATUS_NOT_FOUND, "key %zu: %d", i, (int)r.key_status[i]);
+        } else {
+            CHECKF(r.key_status[i] == KVT_STATUS_OK, "key %zu: %d", i, (int)r.key_status[i]);
+            CHECKF(memcmp(block(&f, N + i), block(&f, i), bb) == 0, "block %zu loaded byte-exact", N + i);
+        }
+    }
+out:
+    free_results(&r, 1);
+    free(keys);
+    fixture_close(&f);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* e./f. bad submissions                                                                 */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct bad_submit {
+    const char *what;
+    kvt_job_kind kind;
+    int null_ids, null_keys;
+    size_t key_len;
+    size_t num_keys;
+    int bad_block; /* 0: valid ids; 1: id == num_blocks; 2: UINT64_MAX; 3: a block id twice */
+    kvt_status want;
+} bad_submit;
+
+static const bad_submit k_bad_submits[] = {
+    {"store: NULL block_ids", KVT_JOB_KIND_STORE, 1, 0, KEY_LEN, 2, 0, KVT_STATUS_NULL_ARGUMENT},
+    {"store: NULL keys", KVT_JOB_KIND_STORE, 0, 1, KEY_LEN, 2, 0, KVT_STATUS_NULL_ARGUMENT},
+    {"load: NULL block_ids", KVT_JOB_KIND_LOAD, 1, 0, KEY_LEN, 3, 0, KVT_STATUS_NULL_ARGUMENT},
+    {"load: NULL keys", KVT_JOB_KIND_LOAD, 0, 1, KEY_LEN, 1, 0, KVT_STATUS_NULL_ARGUMENT},
+    {"load: NULL both", KVT_JOB_KIND_LOAD, 1, 1, KEY_LEN, 2, 0, KVT_STATUS_NULL_ARGUMENT},
+    {"store: zero keys", KVT_JOB_KIND_STORE, 0, 0, KEY_LEN, 0, 0, KVT_STATUS_INVALID_ARGUMENT},
+    {"load: zero keys, NULL arrays", KVT_JOB_KIND_LOAD, 1, 1, KEY_LEN, 0, 0, KVT_STATUS_INVALID_ARGUMENT},
+    {"store: key_len 35", KVT_JOB_KIND_STORE, 0, 0, KEY_LEN - 1, 2, 0, KVT_STATUS_INVALID_ARGUMENT},
+    {"load: key_len 37", KVT_JOB_KIND_LOAD, 0, 0, KEY_LEN + 1, 2, 0, KVT_STATUS_INVALID_ARGUMENT},
+    {"store: key_len 0", KVT_JOB_KIND_STORE, 0, 0, 0, 2, 0, KVT_STATUS_INVALID_ARGUMENT},
+    {"store: block id == num_blocks", KVT_JOB_KIND_STORE, 0, 0, KEY_LEN, 3, 1, KVT_STATUS_INVALID_ARGUMENT},
+    {"load: block id UINT64_MAX", KVT_JOB_KIND_LOAD, 0, 0, KEY_LEN, 2, 2, KVT_STATUS_INVALID_ARGUMENT},
+    {"load: one block id twice", KVT_JOB_KIND_LOAD, 0, 0, KEY_LEN, 3, 3, KVT_STATUS_INVALID_ARGUMENT},
+};
+#define NUM_BAD_SUBMITS (sizeof k_bad_submits / sizeof k_bad_submits[0])
+
+static kvt_status submit_kind(kvt_tier *t, kvt_job_kind kind, uint64_t id, const uint64_t *ids, const uint8_t *keys,
+                              size_t key_len, size_t n)
+{
+    return kind == KVT_JOB_KIND_STORE ? kvt_tier_submit_store(t, id, ids, keys, key_len, n)
+                                      : kvt_tier_submit_load(t, id, ids, keys, key_len, n);
+}
+
+/* Submits bad input number `c` as job `id`; returns the status, and copies
+ * kvt_last_error() into msg. */
+static kvt_status submit_bad(const fixture *f, const bad_submit *c, uint64_t id, char *msg, size_t msg_cap)
+{
+    uint64_t ids[4] = {0, 1, 2, 3};
+    uint8_t keys[4 * (KEY_LEN + 1)];
+    kvt_status s;
+    rng_fill(keys, sizeof keys);
+    if (c->bad_block == 1) {
+        ids[c->num_keys - 1] = f->num_blocks;
+    } else if (c->bad_block == 2) {
+        ids[0] = UINT64_MAX;
+    } else if (c->bad_block == 3) {
+        ids[c->num_keys - 1] = ids[0];
+    }
+    s = submit_kind(f->tier, c->kind, id, c->null_ids ? NULL : ids, c->null_keys ? NULL : keys, c->key_len,
+                    c->num_keys);
+    snprintf(msg, msg_cap, "%s", kvt_last_error());
+    return s;
+}
+
+/* e. Each bad submission yields exactly one failed result with its id, queued at once. */
+static void test_submit_failures_yield_one_result(void)
+{
+    fixture f;
+    size_t i;
+    char msg[1024];
+    uint64_t ids[2] = {0, 1};
+    uint8_t keys[2 * KEY_LEN];
+    owned_result r;
+
+    rng_fill(keys, sizeof keys);
+    if (!fixture_open(&f, "local", 8, 4096, "")) {
+        fixture_close(&f);
+        return;
+    }
+    for (i = 0; i < NUM_BAD_SUBMITS; i++) {
+        const bad_submit *c = &k_bad_submits[i];
+        uint64_t id = 5000 + i;
+        size_t k;
+        kvt_status s = submit_bad(&f, c, id, msg, sizeof msg);
+        CHECKF(s == c->want, "%s: returned %d (%s), want %d", c->what, (int)s, kvt_status_str(s), (int)c->want);
+        memset(&r, 0, sizeof r);
+        if (!expect_one_queued(&f, id, &r)) {
+            printf("    ... for case \"%s\"\n", c->what);
+            free_results(&r, 1);
+            continue;
+        }
+        CHECKF(r.kind == c->kind, "%s: kind %d", c->what, (int)r.kind);
+        CHECKF(r.status == c->want, "%s: result status %d (%s)", c->what, (int)r.status, kvt_status_str(r.status));
+        CHECKF(r.num_keys == c->num_keys, "%s: result has %zu keys, want %zu", c->what, r.num_keys, c->num_keys);
+        CHECKF(r.num_failed_keys == c->num_keys, "%s: %zu failed keys", c->what, r.num_failed_keys);
+        for (k = 0; k < r.num_keys; k++) {
+            CHECKF(r.key_status[k] == c->want, "%s: key %zu status %d", c->what, k, (int)r.key_status[k]);
+        }
+        CHECKF(r.bytes == 0, "%s", c->what);
+        CHECKF(r.message[0] != '\0', "%s: empty result message", c->what);
+        free_results(&r, 1);
+    }
+
+    /* After shutdown: SHUT_DOWN, and the result is still queued. */
+    CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 6000, ids, keys, KEY_LEN, 2), KVT_STATUS_SHUT_DOWN);
+    memset(&r, 0, sizeof r);
+    if (expect_one_queued(&f, 6000, &r)) {
+        CHECK(r.status == KVT_STATUS_SHUT_DOWN && r.kind == KVT_JOB_KIND_STORE && r.num_keys == 2);
+    }
+    free_results(&r, 1);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 6001, ids, keys, KEY_LEN, 2), KVT_STATUS_SHUT_DOWN);
+    memset(&r, 0, sizeof r);
+    if (expect_one_queued(&f, 6001, &r)) {
+        CHECK(r.status == KVT_STATUS_SHUT_DOWN && r.kind == KVT_JOB_KIND_LOAD && r.num_keys == 2);
+    }
+    free_results(&r, 1);
+    fixture_close(&f);
+
+    /* Before register_memory: STATE, and the result is queued. */
+    if (!fixture_open(&f, "memory", 0, 0, "")) {
+        fixture_close(&f);
+        return;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 7000, ids, keys, KEY_LEN, 2), KVT_STATUS_STATE);
+    memset(&r, 0, sizeof r);
+    if (expect_one_queued(&f, 7000, &r)) {
+        CHECK(r.status == KVT_STATUS_STATE && r.num_keys == 2 && r.num_failed_keys == 2);
+    }
+    free_results(&r, 1);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 7001, ids, keys, KEY_LEN, 2), KVT_STATUS_STATE);
+    memset(&r, 0, sizeof r);
+    if (expect_one_queued(&f, 7001, &r)) {
+        CHECK(r.status == KVT_STATUS_STATE && r.kind == KVT_JOB_KIND_LOAD);
+    }
+    free_results(&r, 1);
+    fixture_close(&f);
+}
+
+/* f. Every bad submission returns its code with a message (store and load alike). */
+static void test_submit_bad_args(void)
+{
+    fixture f;
+    size_t i;
+    char msg[1024];
+    if (!fixture_open(&f, "local", 8, 4096, "")) {
+        fixture_close(&f);
+        return;
+    }
+    for (i = 0; i < NUM_BAD_SUBMITS; i++) {
+        const bad_submit *c = &k_bad_submits[i];
+        bad_submit other = *c; /* the same input with the other job kind */
+        size_t n = 0;
+        kvt_result buf[4];
+        kvt_status s = submit_bad(&f, c, 100 + i, msg, sizeof msg);
+        CHECKF(s == c->want, "%s: returned %d (%s), want %d (%s)", c->what, (int)s, kvt_status_str(s), (int)c->want,
+               kvt_status_str(c->want));
+        CHECKF(msg[0] != '\0', "%s: empty kvt_last_error()", c->what);
+        if (c->bad_block != 3) { /* a block id twice is only an error for loads */
+            other.kind = c->kind == KVT_JOB_KIND_STORE ? KVT_JOB_KIND_LOAD : KVT_JOB_KIND_STORE;
+            s = submit_bad(&f, &other, 200 + i, msg, sizeof msg);
+            CHECKF(s == c->want, "%s (other kind): returned %d (%s)", c->what, (int)s, kvt_status_str(s));
+            CHECKF(msg[0] != '\0', "%s (other kind): empty kvt_last_error()", c->what);
+        }
+        CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+        CHECKF(n == (c->bad_block != 3 ? 2u : 1u), "%s: %zu results", c->what, n);
+    }
+    /* Specific messages: the NULL argument is named. */
+    {
+        uint8_t keys[KEY_LEN] = {0};
+        uint64_t id0 = 0;
+        size_t n = 0;
+        kvt_result buf[4];
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, NULL, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+        CHECK(strstr(kvt_last_error(), "block_ids") != NULL);
+        CHECK_STATUS(kvt_tier_submit_load(f.tier, 2, &id0, NULL, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+        CHECK(strstr(kvt_last_error(), "keys") != NULL);
+        CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+        CHECK(n == 2);
+    }
+    fixture_close(&f);
+}
+
+/* f. NULL tier to every function. */
+static void test_null_tier(void)
+{
+    uint8_t pool[64], keys[KEY_LEN] = {0};
+    uint64_t ids[1] = {0};
+    kvt_result buf[2];
+    size_t n = 77;
+
+    CHECK_STATUS(kvt_tier_register_memory(NULL, pool, 1, sizeof pool), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_submit_store(NULL, 1, ids, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_submit_load(NULL, 1, ids, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_poll(NULL, buf, 2, &n), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(n == 0);
+    n = 77;
+    CHECK_STATUS(kvt_tier_poll(NULL, NULL, 0, &n), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(n == 0);
+    CHECK_STATUS(kvt_tier_poll(NULL, buf, 2, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_drain(NULL, 0), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_shutdown(NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(kvt_tier_event_fd(NULL) == -1);
+    CHECK(kvt_last_error()[0] != '\0');
+    CHECK(kvt_tier_jobs_in_flight(NULL) == 0);
+    CHECK(kvt_last_error()[0] != '\0');
+    kvt_tier_free(NULL); /* no-op */
+    CHECK(kvt_last_error()[0] == '\0');
+}
+
+/* f. kvt_tier_new: NULL arguments and bad configurations. */
+static void test_config_errors(void)
+{
+    static const struct {
+        const char *json;
+        const char *must_mention; /* NULL: any non-empty message */
+    } bad[] = {
+        {"", NULL},
+        {"{", NULL},
+        {"not json", NULL},
+        {"[]", NULL},
+        {"{}", "store"},
+        {"{\"store\":{\"type\":\"memory\"},\"prefx\":\"a\"}", "prefx"},
+        {"{\"store\":{\"type\":\"memory\"},\"bogus_key\":1}", "bogus_key"},
+        {"{\"store\":{\"type\":\"memory\",\"colour\":1}}", "colour"},
+        {"{\"store\":{\"type\":\"ftp\"}}", "ftp"},
+        {"{\"store\":{\"type\":\"memory\"},\"runtime_threads\":0}", "runtime_threads"},
+        {"{\"store\":{\"type\":\"memory\"},\"key_bytes\":3}", "key_bytes"},
+        {"{\"store\":{\"type\":\"memory\"},\"prefix\":\"a b\"}", "prefix"},
+        {"{\"store\":{\"type\":\"memory\"},\"key_bytes\":\"36\"}", NULL},
+    };
+    size_t i;
+    kvt_tier *t;
+    uint8_t bad_utf8[] = {'{', '"', 0xff, 0xfe, '"', '}', 0};
+
+    t = (kvt_tier *)&t; /* a non-NULL sentinel: must be reset to NULL */
+    CHECK_STATUS(kvt_tier_new(NULL, &t), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(t == NULL);
+    CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"}}", NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_new(NULL, NULL), KVT_STATUS_NULL_ARGUMENT);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        t = (kvt_tier *)&t;
+        if (CHECKF(kvt_tier_new(bad[i].json, &t) == KVT_STATUS_CONFIG, "config '%s'", bad[i].json)) {
+            const char *e = kvt_last_error();
+            CHECKF(e[0] != '\0', "config '%s': empty message", bad[i].json);
+            if (bad[i].must_mention) {
+                CHECKF(strstr(e, bad[i].must_mention) != NULL, "config '%s': message \"%s\" does not name \"%s\"",
+                       bad[i].json, e, bad[i].must_mention);
+            }
+        }
+        CHECKF(t == NULL, "config '%s': *out_tier not reset to NULL", bad[i].json);
+        if (t != NULL && t != (kvt_tier *)&t) {
+            kvt_tier_free(t);
+        }
+    }
+    t = (kvt_tier *)&t;
+    CHECK_STATUS(kvt_tier_new((const char *)bad_utf8, &t), KVT_STATUS_CONFIG);
+    CHECK(t == NULL);
+
+    /* A good configuration afterwards works, and clears the last error. */
+    CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"},\"key_bytes\":0,\"runtime_threads\":1,"
+                              "\"max_inflight_transfers\":4,\"max_inflight_lookups\":4,"
+                              "\"shutdown_timeout_ms\":100,\"prefix\":\"a/b\",\"namespace\":\"ns\"}",
+                              &t),
+                 KVT_STATUS_OK);
+    CHECK(t != NULL);
+    kvt_tier_free(t);
+}
+
+/* f. Duplicate in-flight job id: DUPLICATE_JOB, and only one result for that id. */
+static void test_duplicate_job(void)
+{
+    fixture f;
+    uint8_t *keys = make_keys(4);
+    uint64_t ids[2] = {0, 1}, dest[2] = {2, 3}, both[2] = {42, 43};
+    owned_result res[4];
+    size_t got, i, n42 = 0, n43 = 0;
+
+    memset(res, 0, sizeof res);
+    if (!fixture_open(&f, "local", 4, 4096, "")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 42, ids, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    /* Whether job 42 is still running or already finished, it has a result pending. */
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 42, ids, keys, KEY_LEN, 2), KVT_STATUS_DUPLICATE_JOB);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 42, dest, keys, KEY_LEN, 2), KVT_STATUS_DUPLICATE_JOB);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 42, NULL, NULL, KEY_LEN, 2), KVT_STATUS_DUPLICATE_JOB);
+    /* A failed submission's pending result makes its id a duplicate too. */
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 43, ids, keys, KEY_LEN, 0), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 43, ids, keys, KEY_LEN, 2), KVT_STATUS_DUPLICATE_JOB);
+    CHECK_STATUS(kvt_tier_drain(f.tier, (uint64_t)scaled_ms(5000)), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 42, ids, keys, KEY_LEN, 2), KVT_STATUS_DUPLICATE_JOB);
+
+    got = collect(&f, 2, scaled_ms(5000), 4, res, 4, NULL);
+    CHECK(got == 2);
+    /* Nothing else arrives. */
+    {
+        kvt_result buf[4];
+        size_t n = 9;
+        CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+        CHECK(n == 0);
+    }
+    for (i = 0; i < got && i < 4; i++) {
+        if (res[i].job_id == 42) {
+            n42++;
+            CHECK(res[i].status == KVT_STATUS_OK && res[i].kind == KVT_JOB_KIND_STORE && res[i].num_keys == 2);
+        } else if (res[i].job_id == 43) {
+            n43++;
+            CHECK(res[i].status == KVT_STATUS_INVALID_ARGUMENT && res[i].num_keys == 0);
+        }
+    }
+    CHECK(n42 == 1);
+    CHECK(n43 == 1);
+    /* Once polled, the ids can be used again. */
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 42, dest, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 43, ids, keys + 2 * KEY_LEN, KEY_LEN, 2), KVT_STATUS_OK);
+    wait_ok(&f, both, 2, scaled_ms(5000));
+out:
+    free_results(res, 4);
+    free(keys);
+    fixture_close(&f);
+}
+
+/* f. Submit before register_memory; register twice; bad registrations. */
+static void test_state_errors(void)
+{
+    fixture f;
+    uint8_t keys[KEY_LEN] = {1, 2, 3};
+    uint64_t id0 = 0;
+    uint8_t *pool = (uint8_t *)xmalloc(4 * 1024);
+    kvt_result buf[4];
+    size_t n = 0;
+
+    if (!fixture_open(&f, "memory", 0, 0, "")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, &id0, keys, KEY_LEN, 1), KVT_STATUS_STATE);
+    CHECK(strstr(kvt_last_error(), "regist") != NULL);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 2, &id0, keys, KEY_LEN, 1), KVT_STATUS_STATE);
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, NULL, 4, 1024), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, 0, 1024), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, 4, 0), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, UINT64_MAX, 1024), KVT_STATUS_INVALID_ARGUMENT);
+    /* Failed registrations did not count: the first good one succeeds, the second fails. */
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, 4, 1024), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, 4, 1024), KVT_STATUS_STATE);
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, 2, 512), KVT_STATUS_STATE);
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+    CHECK(n == 2);
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+out:
+    fixture_close(&f); /* frees the tier before the pool below */
+    free(pool);
+}
+
+/* f. Drain leaves the tier fully usable; drain with nothing in flight is OK at once. */
+static void test_after_drain(void)
+{
+    fixture f;
+    uint8_t *keys = make_keys(2);
+    uint64_t src[2] = {0, 1}, dst[2] = {3, 2}, id;
+    double t0;
+
+    if (!fixture_open(&f, "local", 4, 16384, "")) {
+        goto out;
+    }
+    t0 = now_ms();
+    CHECK_STATUS(kvt_tier_drain(f.tier, 0), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_drain(f.tier, 60000), KVT_STATUS_OK);
+    CHECK(now_ms() - t0 < 1000); /* nothing in flight: no waiting */
+
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, src, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_drain(f.tier, (uint64_t)scaled_ms(10000)), KVT_STATUS_OK);
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+    CHECK(fd_readable(kvt_tier_event_fd(f.tier), 0)); /* drained results stay queued */
+    id = 1;
+    wait_ok(&f, &id, 1, scaled_ms(1000));
+
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 2, dst, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_drain(f.tier, (uint64_t)scaled_ms(10000)), KVT_STATUS_OK);
+    id = 2;
+    if (wait_ok(&f, &id, 1, scaled_ms(1000))) {
+        CHECK(memcmp(block(&f, 3), block(&f, 0), f.block_bytes) == 0);
+        CHECK(memcmp(block(&f, 2), block(&f, 1), f.block_bytes) == 0);
+    }
+    CHECK_STATUS(kvt_tier_drain(f.tier, 0), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
+/* f. A drain that times out cancels nothing: the jobs still finish and report OK. */
+static void test_drain_timeout(void)
+{
+    enum { JOBS = 50, PER_JOB = 4 };
+    fixture f;
+    uint8_t *keys = make_keys(JOBS * PER_JOB);
+    uint64_t job_ids[JOBS], bids[PER_JOB] = {0, 1, 2, 3};
+    size_t i;
+    kvt_status s;
+    char msg[512];
+
+    /* One transfer at a time: 200 writes of 64 KiB cannot finish before drain(0). */
+    if (!fixture_open(&f, "local", PER_JOB, 64 * 1024, ",\"max_inflight_transfers\":1")) {
+        goto out;
+    }
+    for (i = 0; i < JOBS; i++) {
+        job_ids[i] = 300 + i;
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, job_ids[i], bids, keys + i * PER_JOB * KEY_LEN, KEY_LEN, PER_JOB),
+                     KVT_STATUS_OK);
+    }
+    s = kvt_tier_drain(f.tier, 0);
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    if (kvt_tier_jobs_in_flight(f.tier) > 0) {
+        CHECKF(s == KVT_STATUS_TIMEOUT, "drain(0) with jobs in flight returned %d (%s)", (int)s, kvt_status_str(s));
+        CHECKF(msg[0] != '\0', "drain(0) timed out with an empty kvt_last_error()");
+    } else {
+        printf("    (all jobs finished before drain(0); TIMEOUT not observed)\n");
+    }
+    CHECK_STATUS(kvt_tier_drain(f.tier, (uint64_t)scaled_ms(30000)), KVT_STATUS_OK);
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+    wait_ok(&f, job_ids, JOBS, scaled_ms(1000));
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
+/* The event fd is readable exactly while results wait, also after a partial poll. */
+static void test_event_fd(void)
+{
+    fixture f;
+    kvt_result buf[4];
+    size_t n = 0;
+    uint64_t id0 = 0;
+    uint8_t *keys = make_keys(1);
+    int fd;
+    if (!fixture_open(&f, "local", 1, 4096, "")) {
+        goto out;
+    }
+    fd = kvt_tier_event_fd(f.tier);
+    if (!CHECK(fd >= 0)) {
+        goto out;
+    }
+    CHECK(kvt_tier_event_fd(f.tier) == fd); /* stable */
+    CHECK(!fd_readable(fd, 0));
+    /* Three results queued at once (submission failures), taken one, then two. */
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, NULL, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 2, &id0, keys, KEY_LEN, 0), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 3, &id0, keys, 5, 1), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK(fd_readable(fd, 0));
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 1, &n), KVT_STATUS_OK);
+    CHECK(n == 1);
+    CHECK(fd_readable(fd, 0));
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+    CHECK(n == 2);
+    CHECK(!fd_readable(fd, 0));
+    /* A real job: poll(2) wakes up when it completes. The library makes the fd readable
+     * just before it queues the result (tier.rs: finish), so a poll right after the
+     * wake-up may still find nothing; the fd then stays readable (level-triggered use is
+     * safe; see the report about EPOLLET). */
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 4, &id0, keys, KEY_LEN, 1), KVT_STATUS_OK);
+    CHECK(fd_readable(fd, scaled_ms(5000)));
+    {
+        int early = 0;
+        double deadline = now_ms() + scaled_ms(1000);
+        n = 0;
+        while (CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK) && n == 0 && now_ms() < deadline) {
+            early++;
+            CHECK(fd_readable(fd, 0)); /* still readable while the result is on its way */
+        }
+        if (early > 0) {
+            printf("    note: event fd was readable %d poll(s) before the result could be taken\n", early);
+        }
+    }
+    CHECK(n == 1 && buf[0].job_id == 4 && buf[0].status == KVT_STATUS_OK);
+    CHECK(!fd_readable(fd, 0));
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
+/* A stored object whose length differs from the block size fails only its key. */
+static void test_load_length_mismatch(void)
+{
+    fixture a, b, c;
+    char json[1024];
+    uint8_t *keys = make_keys(2);
+    uint64_t ids[2] = {0, 1}, one = 1;
+    owned_result r;
+    int i;
+
+    memset(&r, 0, sizeof r);
+    memset(&b, 0, sizeof b);
+    memset(&c, 0, sizeof c);
+    if (!fixture_open(&a, "local", 2, 4096, "")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(a.tier, 1, ids, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    if (!wait_ok(&a, &one, 1, scaled_ms(5000))) {
+        goto out;
+    }
+    /* Two more tiers on the same directory, with larger and smaller blocks; each loads
+     * key 0 (4096 bytes: wrong size) and a missing key. */
+    for (i = 0; i < 2; i++) {
+        fixture *t = i == 0 ? &b : &c;
+        uint8_t lk[2 * KEY_LEN];
+        snprintf(json, sizeof json, "{\"store\":{\"type\":\"local\",\"path\":\"%s/store\"}}", a.dir);
+        if (!CHECK_STATUS(kvt_tier_new(json, &t->tier), KVT_STATUS_OK)) {
+            goto out;
+        }
+        t->num_blocks = 2;
+        t->block_bytes = i == 0 ? 8192 : 2048;
+        t->pool = (uint8_t *)xmalloc(2 * t->block_bytes);
+        memset(t->pool, 0x5a, 2 * t->block_bytes);
+        CHECK_STATUS(kvt_tier_register_memory(t->tier, t->pool, 2, t->block_bytes), KVT_STATUS_OK);
+        memcpy(lk, keys, KEY_LEN);
+        make_key(lk + KEY_LEN, 0);
+        CHECK_STATUS(kvt_tier_submit_load(t->tier, 9, ids, lk, KEY_LEN, 2), KVT_STATUS_OK);
+        if (CHECK(collect(t, 1, scaled_ms(5000), 2, &r, 1, NULL) == 1)) {
+            CHECKF(r.status == KVT_STATUS_LENGTH_MISMATCH, "block_bytes %zu: status %d (%s): %s", t->block_bytes,
+                   (int)r.status, kvt_status_str(r.status), r.message);
+            CHECKF(r.num_keys == 2 && r.key_status[0] == KVT_STATUS_LENGTH_MISMATCH, "block_bytes %zu: key 0 %d",
+                   t->block_bytes, r.num_keys ? (int)r.key_status[0] : -1);
+            CHECKF(r.num_keys == 2 && r.key_status[1] == KVT_STATUS_NOT_FOUND, "block_bytes %zu: key 1 %d",
+                   t->block_bytes, r.num_keys > 1 ? (int)r.key_status[1] : -1);
+            CHECK(r.num_failed_keys == 2 && r.bytes == 0);
+        }
+        free_results(&r, 1);
+        memset(&r, 0, sizeof r);
+    }
+out:
+    free(keys);
+    b.dir[0] = c.dir[0] = '\0'; /* a owns the directory */
+    fixture_close(&c);
+    fixture_close(&b);
+    fixture_close(&a);
+}
+
+/* key_bytes 0 accepts any key length from 7 to 68 bytes; others fail with a result. */
+static void test_key_bytes_any(void)
+{
+    static const size_t lens[] = {7, 8, 20, 36, 68};
+    fixture f;
+    uint8_t keys[72]; /* room for the 69-byte key below */
+    size_t i;
+    owned_result r;
+    if (!fixture_open(&f, "local", 2 * 5, 4096, ",\"key_bytes\":0")) {
+        fixture_close(&f);
+        return;
+    }
+    for (i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        uint64_t src = i, dst = 5 + i, sid = 10 + i, lid = 20 + i;
+        rng_fill(keys, sizeof keys);
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, sid, &src, keys, lens[i], 1), KVT_STATUS_OK);
+        if (!wait_ok(&f, &sid, 1, scaled_ms(5000))) {
+            continue;
+        }
+        CHECK_STATUS(kvt_tier_submit_load(f.tier, lid, &dst, keys, lens[i], 1), KVT_STATUS_OK);
+        if (wait_ok(&f, &lid, 1, scaled_ms(5000))) {
+            CHECKF(memcmp(block(&f, dst), block(&f, src), f.block_bytes) == 0, "key length %zu", lens[i]);
+        }
+    }
+    for (i = 0; i < 2; i++) {
+        uint64_t src = 0, id = 30 + i;
+        size_t len = i == 0 ? 6 : 69;
+        CHECKF(kvt_tier_submit_store(f.tier, id, &src, keys, len, 1) == KVT_STATUS_INVALID_ARGUMENT,
+               "key length %zu", len);
+        memset(&r, 0, sizeof r);
+        if (expect_one_queued(&f, id, &r)) {
+            CHECK(r.status == KVT_STATUS_INVALID_ARGUMENT);
+        }
+        free_results(&r, 1);
+    }
+    fixture_close(&f);
+}
+
+/* An absurd num_keys (with NULL arrays) is INVALID_ARGUMENT, with one result and no crash. */
+static void test_null_arrays_huge_num_keys(void)
+{
+    fixture f;
+    owned_result r;
+    kvt_status s;
+    memset(&r, 0, sizeof r);
+    if (!fixture_open(&f, "memory", 1, 4096, ",\"shutdown_timeout_ms\":200")) {
+        fixture_close(&f);
+        return;
+    }
+    s = kvt_tier_submit_store(f.tier, 1, NULL, NULL, KEY_LEN, SIZE_MAX);
+    CHECKF(s == KVT_STATUS_INVALID_ARGUMENT, "returned %d (%s)", (int)s, kvt_status_str(s));
+    if (expect_one_queued(&f, 1, &r)) {
+        CHECK(r.status == KVT_STATUS_INVALID_ARGUMENT);
+        CHECK(r.num_keys == 0);
+    }
+    free_results(&r, 1);
+    if (kvt_tier_jobs_in_flight(f.tier) > 0) {
+        printf("    %zu jobs still in flight; shutting the tier down\n", kvt_tier_jobs_in_flight(f.tier));
+        CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+        discard_results(&f);
+    }
+    fixture_close(&f);
+}
+
+/* f. After kvt_tier_shutdown, calls return SHUT_DOWN; poll still works; idempotent. */
+static void test_after_shutdown(void)
+{
+    fixture f;
+    uint8_t *keys = make_keys(1);
+    uint8_t other_pool[64];
+    uint64_t id0 = 0, ids[1] = {1};
+    kvt_result buf[4];
+    size_t n = 9;
+    int fd;
+
+    if (!fixture_open(&f, "local", 2, 4096, "")) {
+        goto out;
+    }
+    fd = kvt_tier_event_fd(f.tier);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, &id0, keys, KEY_LEN, 1), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+    CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK); /* idempotent */
+    CHECK_STATUS(kvt_tier_register_memory(f.tier, other_pool, 1, sizeof other_pool), KVT_STATUS_SHUT_DOWN);
+    CHECK_STATUS(kvt_tier_drain(f.tier, 0), KVT_STATUS_SHUT_DOWN);
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 2, &id0, keys, KEY_LEN, 1), KVT_STATUS_SHUT_DOWN);
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 3, ids, keys, KEY_LEN, 1), KVT_STATUS_SHUT_DOWN);
+    /* Even an invalid submission reports SHUT_DOWN or its own error, and queues a result. */
+    CHECK(kvt_tier_submit_load(f.tier, 4, NULL, NULL, KEY_LEN, 1) != KVT_STATUS_OK);
+    CHECK(kvt_tier_event_fd(f.tier) == fd); /* valid until kvt_tier_free */
+    CHECK(fd_readable(fd, 0));
+    /* Job 1 finished (OK) or was cancelled; jobs 2-4 failed at submission. */
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+    CHECKF(n == 4, "%zu results", n);
+    if (n == 4) {
+        size_t i;
+        for (i = 0; i < n; i++) {
+            check_result_invariants(&buf[i], f.block_bytes);
+            if (buf[i].job_id == 1) {
+                CHECK(buf[i].status == KVT_STATUS_OK || buf[i].status == KVT_STATUS_CANCELLED);
+            } else if (buf[i].job_id == 2 || buf[i].job_id == 3) {
+                CHECK(buf[i].status == KVT_STATUS_SHUT_DOWN);
+            } else {
+                CHECK(buf[i].job_id == 4 && buf[i].status != KVT_STATUS_OK);
+            }
+        }
+    }
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 4, &n), KVT_STATUS_OK);
+    CHECK(n == 0);
+    CHECK(!fd_readable(fd, 0));
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
+/* f. kvt_tier_poll argument checks; kvt_tier_free(NULL). */
+static void test_poll_args(void)
+{
+    fixture f;
+    kvt_result buf[2];
+    size_t n;
+    uint8_t keys[KEY_LEN] = {0};
+    if (!fixture_open(&f, "memory", 2, 1024, "")) {
+        fixture_close(&f);
+        return;
+    }
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 2, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(strstr(kvt_last_error(), "out_count") != NULL);
+    n = 5;
+    CHECK_STATUS(kvt_tier_poll(f.tier, NULL, 1, &n), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(n == 0);
+    n = 5;
+    CHECK_STATUS(kvt_tier_poll(f.tier, NULL, 0, &n), KVT_STATUS_OK);
+    CHECK(n == 0);
+    n = 5;
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 0, &n), KVT_STATUS_OK);
+    CHECK(n == 0);
+    /* A queued result is not lost by polls that fail or have capacity 0. */
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 9, NULL, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 2, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_poll(f.tier, NULL, 2, &n), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_poll(f.tier, NULL, 0, &n), KVT_STATUS_OK);
+    CHECK(n == 0);
+    CHECK_STATUS(kvt_tier_poll(f.tier, buf, 2, &n), KVT_STATUS_OK);
+    CHECK(n == 1 && buf[0].job_id == 9);
+    kvt_tier_free(NULL);
+    kvt_tier_free(NULL);
+    fixture_close(&f);
+}
+
+/* f. kvt_last_error(): set by a failure, "" after any successful call. */
+static void test_last_error(void)
+{
+    kvt_tier *t = NULL;
+    CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"},\"zzz\":1}", &t), KVT_STATUS_CONFIG);
+    CHECK(strstr(kvt_last_error(), "zzz") != NULL);
+    CHECK(strstr(kvt_last_error(), "zzz") != NULL); /* reading it does not clear it */
+    (void)kvt_version();
+    (void)kvt_status_str(3);
+    CHECK(strstr(kvt_last_error(), "zzz") != NULL); /* nor do the static-string functions */
+    CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"}}", &t), KVT_STATUS_OK);
+    CHECK(kvt_last_error()[0] == '\0');
+    CHECK_STATUS(kvt_tier_drain(t, 0), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_shutdown(NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(kvt_tier_jobs_in_flight(t) == 0);
+    CHECK(kvt_last_error()[0] == '\0');
+    kvt_tier_free(t);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Threads: submit concurrently with poll; kvt_last_error() is per thread                */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct submitter {
+    const fixture *f;
+    const uint8_t *src_keys; /* 16 stored keys */
+    uint8_t *new_keys;       /* jobs * 2 fresh keys */
+    uint64_t base_id;
+    size_t jobs;
+    size_t rejected;         /* submits that did not return OK */
+    int own_error_ok;        /* kvt_last_error() showed this thread's own failure */
+} submitter;
+
+static void *submitter_main(void *arg)
+{
+    submitter *s = (submitter *)arg;
+    size_t i;
+    uint64_t bad = s->f->num_blocks;
+    kvt_status st;
+    /* A failure of this thread, visible to this thread only. */
+    st = kvt_tier_submit_store(s->f->tier, s->base_id + s->jobs, &bad, s->src_keys, KEY_LEN, 1);
+    s->own_error_ok = st == KVT_STATUS_INVALID_ARGUMENT && strstr(kvt_last_error(), "out of range") != NULL;
+    for (i = 0; i < s->jobs; i++) {
+        uint64_t ids[2];
+        ids[0] = i % 16;
+        ids[1] = (i + 5) % 16;
+        if (i % 3 == 2) { /* a load into this thread's own block */
+            uint64_t dest = 16 + (s->base_id / 100000 - 1) * s->jobs + i;
+            st = kvt_tier_submit_load(s->f->tier, s->base_id + i, &dest, s->src_keys + (i % 16) * KEY_LEN, KEY_LEN,
+                                      1);
+        } else {
+            st = kvt_tier_submit_store(s->f->tier, s->base_id + i, ids, s->new_keys + 2 * i * KEY_LEN, KEY_LEN, 2);
+        }
+        s->rejected += st != KVT_STATUS_OK;
+    }
+    return NULL;
+}
+
+static void *set_other_error(void *arg)
+{
+    int *ok = (int *)arg;
+    kvt_tier *t = NULL;
+    *ok = kvt_tier_new("{\"store\":{\"type\":\"memory\"},\"thread_marker\":1}", &t) == KVT_STATUS_CONFIG &&
+          strstr(kvt_last_error(), "thread_marker") != NULL;
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    enum { THREADS = 2 };
+    const size_t per_thread = g_small ? 60 : 300;
+    const size_t total = THREADS * (per_thread + 1);
+    fixture f;
+    submitter subs[THREADS];
+    pthread_t tids[THREADS], other;
+    uint8_t *src_keys = make_keys(16);
+    uint64_t ids16[16], setup = 1;
+    owned_result *res = NULL;
+    unsigned char *seen = NULL;
+    size_t i, got = 0, dup = 0, unknown = 0, failed_ok = 0, bad = 0;
+    int started = 0, other_ok = 0;
+    kvt_tier *t = NULL;
+
+    memset(subs, 0, sizeof subs);
+    /* kvt_last_error() is thread-local: another thread's failure does not replace ours. */
+    CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"},\"main_marker\":1}", &t), KVT_STATUS_CONFIG);
+    if (CHECK(pthread_create(&other, NULL, set_other_error, &other_ok) == 0)) {
+        pthread_join(other, NULL);
+        CHECK(other_ok);
+        CHECKF(strstr(kvt_last_error(), "main_marker") != NULL, "main thread's error is now \"%s\"", kvt_last_error());
+    }
+
+    if (!fixture_open(&f, "local", 16 + THREADS * per_thread, 4096, "")) {
+        goto out;
+    }
+    for (i = 0; i < 16; i++) {
+        ids16[i] = i;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, setup, ids16, src_keys, KEY_LEN, 16), KVT_STATUS_OK);
+    if (!wait_ok(&f, &setup, 1, scaled_ms(5000))) {
+        goto out;
+    }
+    for (i = 0; i < THREADS; i++) {
+        subs[i].f = &f;
+        subs[i].src_keys = src_keys;
+        subs[i].new_keys = make_keys(2 * per_thread);
+        subs[i].base_id = 100000 * (i + 1);
+        subs[i].jobs = per_thread;
+    }
+    for (i = 0; i < THREADS; i++) {
+        if (CHECK(pthread_create(&tids[i], NULL, submitter_main, &subs[i]) == 0)) {
+            started++;
+        }
+    }
+    /* Poll on this thread while the others submit. */
+    res = (owned_result *)xmalloc((total + 8) * sizeof(owned_result));
+    got = collect(&f, started == THREADS ? total : 0, scaled_ms(60000), 5, res, total + 8, NULL);
+    for (i = 0; i < (size_t)started; i++) {
+        pthread_join(tids[i], NULL);
+        CHECKF(subs[i].rejected == 0, "thread %zu: %zu submits rejected", i, subs[i].rejected);
+        CHECKF(subs[i].own_error_ok, "thread %zu did not see its own error", i);
+    }
+    CHECKF(got == total, "%zu results for %zu jobs", got, total);
+    seen = (unsigned char *)xmalloc(THREADS * (per_thread + 1));
+    memset(seen, 0, THREADS * (per_thread + 1));
+    for (i = 0; i < got && i < total + 8; i++) {
+        uint64_t id = res[i].job_id, th = id / 100000 - 1, k = id % 100000;
+        if (th >= THREADS || k > per_thread) {
+            unknown++;
+            continue;
+        }
+        if (seen[th * (per_thread + 1) + k]++) {
+            dup++;
+        }
+        if (k == per_thread) {
+            failed_ok += res[i].status == KVT_STATUS_INVALID_ARGUMENT;
+        } else if (res[i].status != KVT_STATUS_OK) {
+            bad++;
+        }
+    }
+    CHECKF(unknown == 0 && dup == 0, "unknown %zu, duplicates %zu", unknown, dup);
+    CHECKF(failed_ok == THREADS, "%zu of %d deliberate failures reported", failed_ok, THREADS);
+    CHECKF(bad == 0, "%zu jobs failed", bad);
+    /* Loads brought back their source blocks. */
+    bad = 0;
+    for (i = 0; i < (size_t)THREADS * per_thread; i++) {
+        size_t j = i % per_thread;
+        if (j % 3 == 2) {
+            bad += memcmp(block(&f, 16 + i), block(&f, j % 16), f.block_bytes) != 0;
+        }
+    }
+    CHECKF(bad == 0, "%zu loaded blocks differ", bad);
+out:
+    if (res) {
+        free_results(res, got < total + 8 ? got : total + 8);
+    }
+    free(res);
+    free(seen);
+    for (i = 0; i < THREADS; i++) {
+        free(subs[i].new_keys);
+    }
+    free(src_keys);
+    fixture_close(&f);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* g. shutdown / free with jobs in flight                                                */
+/* ------------------------------------------------------------------------------------ */
+
+enum { INFLIGHT_SOURCES = 64 };
+
+/* Pre-stores INFLIGHT_SOURCES keys, then submits `jobs` jobs without waiting: even ones
+ * store 1-4 source blocks under new keys, odd ones load one pre-stored key into their
+ * own block. Returns the number of jobs submitted (all must be accepted). */
+static size_t submit_burst(fixture *f, size_t jobs, uint8_t *src_keys, uint8_t *new_keys, uint64_t base_id)
+{
+    uint64_t ids[INFLIGHT_SOURCES], setup = 1;
+    size_t i, accepted = 0;
+    for (i = 0; i < INFLIGHT_SOURCES; i++) {
+        ids[i] = i;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f->tier, setup, ids, src_keys, KEY_LEN, INFLIGHT_SOURCES), KVT_STATUS_OK);
+    if (!wait_ok(f, &setup, 1, scaled_ms(10000))) {
+        return 0;
+    }
+    for (i = 0; i < jobs; i++) {
+        kvt_status s;
+        if (i % 2 == 0) {
+            size_t k, nk = 1 + i % 4;
+            uint64_t bids[4];
+            for (k = 0; k < nk; k++) {
+                bids[k] = (i + k) % INFLIGHT_SOURCES;
+            }
+            s = kvt_tier_submit_store(f->tier, base_id + i, bids, new_keys + 4 * i * KEY_LEN, KEY_LEN, nk);
+        } else {
+            uint64_t dest = INFLIGHT_SOURCES + i / 2;
+            s = kvt_tier_submit_load(f->tier, base_id + i, &dest, src_keys + (i % INFLIGHT_SOURCES) * KEY_LEN,
+                                     KEY_LEN, 1);
+        }
+        accepted += CHECK_STATUS(s, KVT_STATUS_OK);
+    }
+    return accepted;
+}
+
+static void test_shutdown_in_flight(void)
+{
+    const size_t jobs = g_small ? 60 : 400;
+    const size_t bb = 16384;
+    fixture f;
+    uint8_t *src_keys = make_keys(INFLIGHT_SOURCES), *new_keys = make_keys(4 * jobs);
+    uint8_t *sources = NULL;
+    owned_result *res = (owned_result *)xmalloc((jobs + 4) * sizeof(owned_result));
+    unsigned char *seen = (unsigned char *)xmalloc(jobs);
+    size_t got = 0, i, ok = 0, cancelled = 0, other = 0, dup = 0, unknown = 0, missing = 0, bad_bytes = 0;
+    const uint64_t base_id = 10000;
+    double t0;
+
+    memset(seen, 0, jobs);
+    /* One transfer at a time, so that most of the burst has not started at shutdown. */
+    if (!fixture_open(&f, "local", INFLIGHT_SOURCES + jobs / 2 + 1, bb, ",\"max_inflight_transfers\":1")) {
+        goto out;
+    }
+    if (submit_burst(&f, jobs, src_keys, new_keys, base_id) != jobs) {
+        goto out;
+    }
+    t0 = now_ms();
+    CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+    printf("    kvt_tier_shutdown with %zu jobs submitted took %.1f ms\n", jobs, now_ms() - t0);
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+
+    /* The library no longer touches the pool: keep a copy of the sources, then release
+     * the pool before the tier (valgrind would flag any later access). */
+    sources = (uint8_t *)xmalloc(INFLIGHT_SOURCES * bb);
+    memcpy(sources, f.pool, INFLIGHT_SOURCES * bb);
+
+    got = collect(&f, jobs, scaled_ms(5000), 16, res, jobs + 4, NULL);
+    CHECKF(got == jobs, "%zu results for %zu jobs", got, jobs);
+    for (i = 0; i < got && i < jobs + 4; i++) {
+        uint64_t id = res[i].job_id;
+        size_t idx = (size_t)(id - base_id);
+        if (id < base_id || idx >= jobs) {
+            unknown++;
+            continue;
+        }
+        if (seen[idx]++) {
+            dup++;
+        }
+        if (res[i].status == KVT_STATUS_OK) {
+            ok++;
+            if (idx % 2 == 1 &&
+                memcmp(block(&f, INFLIGHT_SOURCES + idx / 2), sources + (idx % INFLIGHT_SOURCES) * bb, bb) != 0) {
+                bad_bytes++;
+            }
+        } else if (res[i].status == KVT_STATUS_CANCELLED) {
+            cancelled++;
+        } else {
+            if (other++ < 3) {
+                printf("    job %" PRIu64 ": status %d (%s): %s\n", id, (int)res[i].status,
+                       kvt_status_str(res[i].status), res[i].message);
+            }
+        }
+    }
+    for (i = 0; i < jobs; i++) {
+        missing += !seen[i];
+    }
+    printf("    %zu OK, %zu CANCELLED, %zu other\n", ok, cancelled, other);
+    CHECKF(unknown == 0 && dup == 0 && missing == 0, "unknown %zu, duplicate %zu, missing %zu", unknown, dup,
+           missing);
+    CHECKF(other == 0, "%zu results neither OK nor CANCELLED", other);
+    CHECKF(bad_bytes == 0, "%zu OK loads with wrong bytes", bad_bytes);
+    free(f.pool);
+    f.pool = NULL;
+    {
+        kvt_result buf[2];
+        size_t n = 9;
+        CHECK_STATUS(kvt_tier_poll(f.tier, buf, 2, &n), KVT_STATUS_OK);
+        CHECK(n == 0);
+    }
+out:
+    free_results(res, got < jobs + 4 ? got : jobs + 4);
+    free(res);
+    free(seen);
+    free(sources);
+    free(src_keys);
+    free(new_keys);
+    fixture_close(&f);
+}
+
+static void test_free_in_flight(void)
+{
+    const size_t jobs = g_small ? 60 : 400;
+    fixture f;
+    uint8_t *src_keys = make_keys(INFLIGHT_SOURCES), *new_keys = make_keys(4 * jobs);
+    double t0;
+    if (fixture_open(&f, "local", INFLIGHT_SOURCES + jobs / 2 + 1, 16384, ",\"max_inflight_transfers\":2")) {
+        if (submit_burst(&f, jobs, src_keys, new_keys, 20000) == jobs) {
+            printf("    %zu jobs in flight at kvt_tier_free\n", kvt_tier_jobs_in_flight(f.tier));
+        }
+        t0 = now_ms();
+        kvt_tier_free(f.tier); /* results never polled: released with the tier */
+        f.tier = NULL;
+        printf("    kvt_tier_free took %.1f ms\n", now_ms() - t0);
+    }
+    fixture_close(&f);
+    free(src_keys);
+    free(new_keys);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Runner                                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct test_case {
+    const char *name;
+    void (*fn)(void);
+} test_case;
+
+/* The cases, by the requirement they cover:
+ *   a version                  h status_str
+ *   b roundtrip_local, roundtrip_memory (64 x 64 KiB, shuffled slot <-> key mapping)
+ *   c many_jobs_in_flight (1000 jobs, capacity-7 polls, event fd + poll(2)), threads
+ *   d partial_load_missing_key, load_length_mismatch
+ *   e submit_failures_yield_one_result
+ *   f submit_bad_args, null_tier, config_errors, duplicate_job, state_errors,
+ *     after_drain, drain_timeout, after_shutdown, poll_args, last_error, event_fd,
+ *     key_bytes_any, null_arrays_huge_num_keys
+ *   g shutdown_in_flight, free_in_flight */
+static const test_case k_cases[] = {
+    {"version", test_version},
+    {"status_str", test_status_str},
+    {"roundtrip_local", test_roundtrip_local},
+    {"roundtrip_memory", test_roundtrip_memory},
+    {"many_jobs_in_flight", test_many_jobs},
+    {"partial_load_missing_key", test_partial_load},
+    {"submit_failures_yield_one_result", test_submit_failures_yield_one_result},
+    {"submit_bad_args", test_submit_bad_args},
+    {"null_tier", test_null_tier},
+    {"config_errors", test_config_errors},
+    {"duplicate_job", test_duplicate_job},
+    {"state_errors", test_state_errors},
+    {"after_drain", test_after_drain},
+    {"drain_timeout", test_drain_timeout},
+    {"event_fd", test_event_fd},
+    {"load_length_mismatch", test_load_length_mismatch},
+    {"key_bytes_any", test_key_bytes_any},
+    {"null_arrays_huge_num_keys", test_null_arrays_huge_num_keys},
+    {"after_shutdown", test_after_shutdown},
+    {"poll_args", test_poll_args},
+    {"last_error", test_last_error},
+    {"threads", test_threads},
+    {"shutdown_in_flight", test_shutdown_in_flight},
+    {"free_in_flight", test_free_in_flight},
+};
+
+static int in_list(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+    const char *p = list;
+    while (p && *p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, len) == 0) {
+            return 1;
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+static int selected(const char *name, int argc, char **argv)
+{
+    int i;
+    if (argc <= 1) {
+        return 1;
+    }
+    for (i = 1; i < argc; i++) {
+        if (strstr(name, argv[i]) != NULL) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *xfail = getenv("KVT_HARNESS_XFAIL");
+    const char *env;
+    size_t i;
+    int passed = 0, failed = 0, xfailed = 0;
+    double t_all = now_ms();
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    g_small = (env = getenv("KVT_HARNESS_SMALL")) != NULL && env[0] != '\0' && strcmp(env, "0") != 0;
+    if ((env = getenv("KVT_HARNESS_TIMEOUT_SCALE")) != NULL && atoi(env) > 0) {
+        g_timeout_scale = atoi(env);
+    }
+    if ((env = getenv("KVT_HARNESS_SEED")) != NULL && env[0] != '\0') {
+        g_seed = strtoull(env, NULL, 0);
+    }
+    printf("kvtier C ABI harness (%s): library %s, header %s, seed %" PRIu64 "%s\n",
+#ifdef __cplusplus
+           "built as C++",
+#else
+           "built as C",
+#endif
+           kvt_version(), KVTIER_VERSION, g_seed, g_small ? ", small" : "");
+
+    for (i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
+        const test_case *c = &k_cases[i];
+        int expected_failure = xfail != NULL && in_list(xfail, c->name);
+        double t0;
+        if (!selected(c->name, argc, argv)) {
+            continue;
+        }
+        g_rng = g_seed ^ (0x9E3779B97F4A7C15ULL * (i + 1));
+        if (g_rng == 0) {
+            g_rng = 1;
+        }
+        g_case_failures = 0;
+        printf("[ RUN      ] %s\n", c->name);
+        t0 = now_ms();
+        c->fn();
+        if (g_case_failures == 0 && !expected_failure) {
+            passed++;
+            printf("[       OK ] %s (%.0f ms)\n", c->name, now_ms() - t0);
+        } else if (g_case_failures == 0) {
+            failed++;
+            printf("[ XPASS    ] %s (%.0f ms): listed in KVT_HARNESS_XFAIL as a known library bug but passed;"
+                   " remove it from the list\n",
+                   c->name, now_ms() - t0);
+        } else if (expected_failure) {
+            xfailed++;
+            printf("[ XFAIL    ] %s (%.0f ms): %d failed checks, tolerated as a known library bug"
+                   " (KVT_HARNESS_XFAIL)\n",
+                   c->name, now_ms() - t0, g_case_failures);
+        } else {
+            failed++;
+            printf("[  FAILED  ] %s (%.0f ms): %d failed checks\n", c->name, now_ms() - t0, g_case_failures);
+        }
+    }
+    if (passed + failed + xfailed == 0) {
+        printf("no test case matches the arguments\n");
+        return 2;
+    }
+    printf("%ld checks, %ld failed; %.1f s\n", g_checks, g_check_failures, (now_ms() - t_all) / 1e3);
+    if (xfailed > 0) {
+        printf("%d known-bug cases failed as expected (XFAIL, not counted below)\n", xfailed);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,254 @@
+//! Asynchronous existence lookups with vLLM's sharing rules.
+//!
+//! `lookup` never blocks and never does I/O: an unknown key answers `Retry` and joins the
+//! step's batch; `flush` (at schedule end) sends the batch, deduplicated across requests,
+//! to the lookup lane of the I/O runtime; answers are applied on later calls.
+//!
+//! Rules (vLLM's async lookup manager, with its fixes):
+//! * a verdict is shared by every request that asked for the key and kept until the last
+//!   of them finishes;
+//! * every entry has a generation, so an answer for an entry that was dropped and
+//!   re-created is ignored;
+//! * an entry whose check is in flight is kept until its answer arrives, then dropped if
+//!   no request holds it any more;
+//! * a failed existence check makes every key of that request's group MISS;
+//! * `mark_miss` (failed loads) turns only the named keys into MISS.
+
+use std::collections::{HashMap, HashSet};
+
+/// Answer to a lookup.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LookupResult {
+    /// The tier does not hold the key.
+    Miss = 0,
+    /// The tier holds the key.
+    Hit = 1,
+    /// Not known yet: ask again in a later step.
+    Retry = 2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    InFlight,
+    Resolved,
+}
+
+#[derive(Debug)]
+struct Entry {
+    generation: u64,
+    phase: Phase,
+    found: Option<bool>,
+    requests: HashSet<u64>,
+}
+
+/// One key to check, with the generation its answer must match.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub key: Vec<u8>,
+    pub generation: u64,
+}
+
+/// The keys one request asked for in a step; checked together.
+#[derive(Debug, Clone)]
+pub struct ProbeGroup {
+    pub request: u64,
+    pub probes: Vec<Probe>,
+}
+
+/// An answer: `found` is `None` when the check failed.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub key: Vec<u8>,
+    pub generation: u64,
+    pub found: bool,
+}
+
+/// The lookup state. Owned by whoever calls `lookup` (the scheduler); the I/O side
+/// only sees [`ProbeGroup`]s and sends back [`Answer`]s.
+#[derive(Debug, Default)]
+pub struct LookupTable {
+    entries: HashMap<Vec<u8>, Entry>,
+    by_request: HashMap<u64, HashSet<Vec<u8>>>,
+    batch: Vec<(Vec<u8>, u64, u64)>,
+    next_generation: u64,
+}
+
+impl LookupTable {
+    pub fn lookup(&mut self, request: u64, key: &[u8]) -> LookupResult {
+        let entry = match self.entries.get_mut(key) {
+            Some(entry) => entry,
+            None => {
+                self.next_generation += 1;
+                let generation = self.next_generation;
+                self.batch.push((key.to_vec(), request, generation));
+                self.entries.entry(key.to_vec()).or_insert(Entry {
+                    generation,
+                    phase: Phase::Pending,
+                    found: None,
+                    requests: HashSet::new(),
+                })
+            }
+        };
+        entry.requests.insert(request);
+        let verdict = match entry.found {
+            Some(true) => LookupResult::Hit,
+            Some(false) => LookupResult::Miss,
+            None => LookupResult::Retry,
+        };
+        self.by_request.entry(request).or_default().insert(key.to_vec());
+        verdict
+    }
+
+    /// Takes the step's batch: entries still pending become in flight. Grouped by the
+    /// request that first asked, in order.
+    pub fn flush(&mut self) -> Vec<ProbeGroup> {
+        let mut groups: Vec<ProbeGroup> = Vec::new();
+        let mut index: HashMap<u64, usize> = HashMap::new();
+        for (key, request, generation) in std::mem::take(&mut self.batch) {
+            let Some(entry) = self.entries.get_mut(&key) else { continue };
+            if entry.generation != generation || entry.phase != Phase::Pending {
+                continue;
+            }
+            entry.phase = Phase::InFlight;
+            let slot = *index.entry(request).or_insert_with(|| {
+                groups.push(ProbeGroup { request, probes: Vec::new() });
+                groups.len() - 1
+            });
+            groups[slot].probes.push(Probe { key, generation });
+        }
+        groups
+    }
+
+    pub fn apply(&mut self, answers: impl IntoIterator<Item = Answer>) {
+        for answer in answers {
+            let Some(entry) = self.entries.get_mut(&answer.key) else { continue };
+            if entry.generation != answer.generation {
+                continue;
+            }
+            if entry.requests.is_empty() {
+                self.entries.remove(&answer.key);
+                continue;
+            }
+            entry.found = Some(answer.found);
+            entry.phase = Phase::Resolved;
+        }
+    }
+
+    /// Failed loads: these keys are absent for everyone holding them.
+    pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
+        for key in keys {
+            if let Some(entry) = self.entries.get_mut(key) {
+                entry.found = Some(false);
+                entry.phase = Phase::Resolved;
+            }
+        }
+    }
+
+    /// Keys this tier has just stored are present for everyone holding them.
+    pub fn mark_hit<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
+        for key in keys {
+            if let Some(entry) = self.entries.get_mut(key) {
+                if entry.phase == Phase::Resolved {
+                    entry.found = Some(true);
+                }
+            }
+        }
+    }
+
+    pub fn request_finished(&mut self, request: u64) {
+        let Some(keys) = self.by_request.remove(&request) else { return };
+        for key in keys {
+            if let Some(entry) = self.entries.get_mut(&key) {
+                entry.requests.remove(&request);
+                if entry.requests.is_empty() && entry.phase != Phase::InFlight {
+                    self.entries.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Keys with state (for tests and stats).
+    pub fn tracked_keys(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use LookupResult::*;
+
+    fn answer_all(table: &mut LookupTable, groups: Vec<ProbeGroup>, found: bool) {
+        let answers: Vec<Answer> = groups
+            .into_iter()
+            .flat_map(|g| g.probes)
+            .map(|p| Answer { key: p.key, generation: p.generation, found })
+            .collect();
+        table.apply(answers);
+    }
+
+    #[test]
+    fn retry_then_verdict_and_no_second_check() {
+        let mut t = LookupTable::default();
+        assert_eq!(t.lookup(1, b"k"), Retry);
+        assert_eq!(t.lookup(1, b"k"), Retry);
+        let groups = t.flush();
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].probes.len(), 1);
+        answer_all(&mut t, groups, true);
+        assert_eq!(t.lookup(1, b"k"), Hit);
+        assert!(t.flush().is_empty(), "a resolved key is not checked again");
+    }
+
+    #[test]
+    fn two_requests_share_one_check_and_verdict_lives_until_both_finish() {
+        let mut t = LookupTable::default();
+        t.lookup(1, b"k");
+        t.lookup(2, b"k");
+        let groups = t.flush();
+        assert_eq!(groups.iter().map(|g| g.probes.len()).sum::<usize>(), 1);
+        answer_all(&mut t, groups, false);
+        t.request_finished(1);
+        assert_eq!(t.lookup(2, b"k"), Miss);
+        t.request_finished(2);
+        assert_eq!(t.tracked_keys(), 0);
+    }
+
+    #[test]
+    fn in_flight_entry_survives_cleanup_and_late_answer_is_dropped() {
+        let mut t = LookupTable::default();
+        t.lookup(1, b"k");
+        let groups = t.flush();
+        t.request_finished(1);
+        assert_eq!(t.tracked_keys(), 1, "kept while in flight");
+        answer_all(&mut t, groups, true);
+        assert_eq!(t.tracked_keys(), 0, "dropped when the answer arrives unreferenced");
+    }
+
+    #[test]
+    fn stale_generation_never_lands_on_a_recreated_entry() {
+        let mut t = LookupTable::default();
+        t.lookup(1, b"k");
+        t.request_finished(1); // pending, not in flight: dropped now
+        let stale = Answer { key: b"k".to_vec(), generation: 1, found: true };
+        assert_eq!(t.lookup(2, b"k"), Retry);
+        t.apply([stale]);
+        assert_eq!(t.lookup(2, b"k"), Retry, "generation 1 answer ignored by generation 2 entry");
+        let groups = t.flush();
+        assert_eq!(groups[0].probes[0].generation, 2);
+    }
+
+    #[test]
+    fn mark_miss_only_touches_named_keys() {
+        let mut t = LookupTable::default();
+        t.lookup(1, b"a");
+        t.lookup(1, b"b");
+        let groups = t.flush();
+        answer_all(&mut t, groups, true);
+        t.mark_miss([&b"a"[..], &b"zzz"[..]]);
+        assert_eq!(t.lookup(1, b"a"), Miss);
+        assert_eq!(t.lookup(1, b"b"), Hit);
+    }
+}

@@ -1,0 +1,303 @@
+//! The engine through its Rust API, on the in-memory and local-directory stores.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kvtier::key::make_key;
+use kvtier::{JobKind, JobResult, KeyBatch, Status, Tier};
+
+const BLOCK: usize = 16 * 1024;
+
+struct Pool {
+    mem: Vec<u8>,
+    blocks: u64,
+}
+
+impl Pool {
+    fn new(blocks: u64) -> Self {
+        Pool { mem: vec![0u8; blocks as usize * BLOCK], blocks }
+    }
+    fn block(&self, i: u64) -> &[u8] {
+        &self.mem[i as usize * BLOCK..(i as usize + 1) * BLOCK]
+    }
+    fn fill_random(&mut self, seed: u64) {
+        let mut x = seed | 1;
+        for b in self.mem.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    fn register(&mut self, tier: &Tier) {
+        unsafe { tier.register_memory(self.mem.as_mut_ptr(), self.blocks, BLOCK).unwrap() }
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    let mut hash = [0u8; 32];
+    hash[..8].copy_from_slice(&i.to_be_bytes());
+    hash[8..16].copy_from_slice(&(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+    make_key(&hash, (i % 3) as u32)
+}
+
+fn keys(ids: &[u64]) -> KeyBatch {
+    KeyBatch::from_keys(&ids.iter().map(|&i| key(i)).collect::<Vec<_>>()).unwrap()
+}
+
+fn wait_all(tier: &Tier, expected: usize) -> HashMap<u64, JobResult> {
+    tier.drain(Duration::from_secs(60)).unwrap();
+    let mut seen = HashMap::new();
+    for r in tier.poll(usize::MAX) {
+        assert!(seen.insert(r.job_id, r).is_none(), "job reported twice");
+    }
+    assert_eq!(seen.len(), expected);
+    seen
+}
+
+fn memory_tier() -> Tier {
+    Tier::from_json(r#"{"store":{"type":"memory"}}"#).unwrap()
+}
+
+fn local_tier(dir: &std::path::Path) -> Tier {
+    Tier::from_json(&format!(r#"{{"store":{{"type":"local","path":{:?}}},"prefix":"kv","namespace":"m_0123456789ab_r0"}}"#, dir)).unwrap()
+}
+
+fn round_trip(tier: &Tier) {
+    let mut pool = Pool::new(64);
+    pool.fill_random(7);
+    pool.register(tier);
+    let stored: Vec<u64> = (0..32).collect();
+    tier.submit(JobKind::Store, 1, &stored, keys(&stored)).unwrap();
+    let r = wait_all(tier, 1).remove(&1).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert_eq!(r.bytes, 32 * BLOCK as u64);
+    // Load key i into slot 32 + (i * 7) % 32: a non-identity mapping.
+    let slots: Vec<u64> = stored.iter().map(|i| 32 + (i * 7) % 32).collect();
+    tier.submit(JobKind::Load, 2, &slots, keys(&stored)).unwrap();
+    let r = wait_all(tier, 1).remove(&2).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert!(r.key_status.iter().all(|s| s.is_ok()));
+    for (i, slot) in stored.iter().zip(&slots) {
+        assert!(pool.block(*i) == pool.block(*slot), "block {i} differs after loading into slot {slot}");
+    }
+}
+
+#[test]
+fn round_trip_memory_store() {
+    round_trip(&memory_tier());
+}
+
+#[test]
+fn round_trip_local_store_uses_vllm_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = local_tier(dir.path());
+    round_trip(&tier);
+    let name = tier.layout().object_name(&key(5)).unwrap();
+    let file = dir.path().join(&name);
+    assert!(name.starts_with("kv/m_0123456789ab_r0/"), "{name}");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), BLOCK as u64);
+}
+
+#[test]
+fn missing_key_fails_alone() {
+    let tier = memory_tier();
+    let mut pool = Pool::new(8);
+    pool.fill_random(3);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[10, 11, 12])).unwrap();
+    wait_all(&tier, 1);
+    tier.submit(JobKind::Load, 2, &[4, 5, 6, 7], keys(&[10, 99, 11, 12])).unwrap();
+    let r = wait_all(&tier, 1).remove(&2).unwrap();
+    assert_eq!(r.status, Status::NotFound);
+    assert_eq!(r.key_status, vec![Status::Ok, Status::NotFound, Status::Ok, Status::Ok]);
+    assert_eq!(r.bytes, 3 * BLOCK as u64);
+    assert_eq!(r.successful_keys().count(), 3);
+    assert!(pool.block(4) == pool.block(0) && pool.block(6) == pool.block(1) && pool.block(7) == pool.block(2));
+}
+
+#[test]
+fn object_of_another_length_fails_that_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = local_tier(dir.path());
+    let mut pool = Pool::new(4);
+    pool.fill_random(5);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[1, 2, 3])).unwrap();
+    wait_all(&tier, 1);
+    // Truncate one object, lengthen another, out of band.
+    let short = dir.path().join(tier.layout().object_name(&key(1)).unwrap());
+    std::fs::write(&short, vec![1u8; BLOCK - 1]).unwrap();
+    let long = dir.path().join(tier.layout().object_name(&key(2)).unwrap());
+    std::fs::write(&long, vec![1u8; BLOCK + 1]).unwrap();
+    let empty_key = dir.path().join(tier.layout().object_name(&key(3)).unwrap());
+    std::fs::write(&empty_key, b"").unwrap();
+    tier.submit(JobKind::Load, 2, &[3, 1, 2], keys(&[1, 2, 3])).unwrap();
+    let r = wait_all(&tier, 1).remove(&2).unwrap();
+    assert_eq!(r.key_status, vec![Status::LengthMismatch; 3], "{}", r.message);
+    assert_eq!(r.bytes, 0);
+}
+
+#[test]
+fn every_job_reported_exactly_once_across_many_polls() {
+    let tier = memory_tier();
+    let mut pool = Pool::new(128);
+    pool.fill_random(11);
+    pool.register(&tier);
+    let n = 1000u64;
+    for job in 0..n {
+        let block = job % 128;
+        tier.submit(JobKind::Store, job, &[block], keys(&[job])).unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < n as usize {
+        for r in tier.poll(7) {
+            assert!(r.job_id < n, "unknown job id {}", r.job_id);
+            assert!(seen.insert(r.job_id), "job {} reported twice", r.job_id);
+            assert_eq!(r.status, Status::Ok);
+        }
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(tier.poll(100).is_empty());
+    assert_eq!(tier.jobs_in_flight(), 0);
+}
+
+#[test]
+fn submission_failures_surface_at_next_poll() {
+    let tier = memory_tier();
+    // Before registration.
+    let e = tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap_err();
+    assert_eq!(e.status, Status::State);
+    let mut pool = Pool::new(4);
+    pool.register(&tier);
+    let e = tier.submit(JobKind::Store, 2, &[4], keys(&[1])).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("out of range"), "{}", e.message);
+    let e = tier.submit(JobKind::Load, 3, &[], KeyBatch::new(&[], 36).unwrap()).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
+    let e = tier.submit(JobKind::Load, 4, &[0], KeyBatch::new(&[0u8; 20], 20).unwrap()).unwrap_err();
+    assert!(e.message.contains("key_bytes"), "{}", e.message);
+    let e = tier.submit(JobKind::Load, 5, &[0, 0], keys(&[1, 2])).unwrap_err();
+    assert!(e.message.contains("twice"), "{}", e.message);
+    let e = tier.submit(JobKind::Load, 6, &[0, 1], keys(&[1])).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
+    let results = wait_all(&tier, 6);
+    for id in 1..=6 {
+        assert!(!results[&id].succeeded(), "job {id} should have failed");
+        assert!(!results[&id].message.is_empty());
+    }
+    assert_eq!(results[&2].key_status, vec![Status::InvalidArgument]);
+}
+
+#[test]
+fn duplicate_in_flight_job_id_is_refused_without_second_result() {
+    let tier = memory_tier();
+    let mut pool = Pool::new(4);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 9, &[0], keys(&[1])).unwrap();
+    let e = tier.submit(JobKind::Store, 9, &[1], keys(&[2])).unwrap_err();
+    assert_eq!(e.status, Status::DuplicateJob);
+    let results = wait_all(&tier, 1);
+    assert!(results[&9].succeeded());
+    // Once polled, the id may be reused.
+    tier.submit(JobKind::Store, 9, &[1], keys(&[2])).unwrap();
+    assert!(wait_all(&tier, 1)[&9].succeeded());
+}
+
+#[test]
+fn shutdown_reports_every_job_and_refuses_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Tier::from_json(&format!(
+        r#"{{"store":{{"type":"local","path":{:?}}},"max_inflight_transfers":2}}"#,
+        dir.path()
+    ))
+    .unwrap();
+    let mut pool = Pool::new(64);
+    pool.fill_random(1);
+    pool.register(&tier);
+    for job in 0..200u64 {
+        tier.submit(JobKind::Store, job, &[job % 64], keys(&[job])).unwrap();
+    }
+    tier.shutdown();
+    let e = tier.submit(JobKind::Store, 500, &[0], keys(&[1])).unwrap_err();
+    assert_eq!(e.status, Status::ShutDown);
+    let results: Vec<JobResult> = tier.poll(usize::MAX);
+    assert_eq!(results.len(), 201);
+    let mut ids: Vec<u64> = results.iter().map(|r| r.job_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 201);
+    for r in &results {
+        assert!(
+            matches!(r.status, Status::Ok | Status::Cancelled | Status::ShutDown),
+            "job {}: {:?}",
+            r.job_id,
+            r.status
+        );
+    }
+    tier.shutdown();
+    assert!(tier.poll(10).is_empty());
+}
+
+#[test]
+fn ready_fd_is_readable_exactly_while_results_wait() {
+    let tier = memory_tier();
+    let mut pool = Pool::new(4);
+    pool.register(&tier);
+    let fd = tier.ready_fd();
+    let readable = |timeout_ms: i32| {
+        let mut p = libc_pollfd(fd);
+        unsafe { poll(&mut p, 1, timeout_ms) == 1 }
+    };
+    assert!(!readable(0));
+    tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap();
+    tier.submit(JobKind::Store, 2, &[1], keys(&[2])).unwrap();
+    assert!(readable(10_000));
+    tier.drain(Duration::from_secs(10)).unwrap();
+    assert_eq!(tier.poll(1).len(), 1);
+    assert!(readable(0), "one result still waits");
+    assert_eq!(tier.poll(1).len(), 1);
+    assert!(!readable(0));
+}
+
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+fn libc_pollfd(fd: i32) -> PollFd {
+    PollFd { fd, events: 1, revents: 0 }
+}
+extern "C" {
+    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
+}
+
+#[test]
+fn bad_config_and_unreachable_store_are_clear_errors() {
+    let e = Tier::from_json(r#"{"store":{"type":"memory"},"bogus":true}"#).err().unwrap();
+    assert_eq!(e.status, Status::Config);
+    assert!(e.message.contains("bogus"));
+    let e = Tier::from_json(
+        r#"{"store":{"type":"s3","bucket":"b","endpoint_override":"127.0.0.1:1","scheme":"http","access_key":"a","secret_key":"s3cr3t-value","max_retries":0,"connect_timeout_ms":500}}"#,
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.status, Status::Connect, "{}", e.message);
+    assert!(e.message.contains("endpoint"), "{}", e.message);
+    assert!(!e.message.contains("s3cr3t-value"));
+}
+
+#[test]
+fn drain_times_out_cleanly_and_tier_stays_usable() {
+    let tier = memory_tier();
+    let mut pool = Pool::new(4);
+    pool.register(&tier);
+    tier.drain(Duration::from_millis(0)).unwrap();
+    tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap();
+    tier.drain(Duration::from_secs(10)).unwrap();
+    tier.submit(JobKind::Load, 2, &[1], keys(&[1])).unwrap();
+    let results = wait_all(&tier, 2);
+    assert!(results[&2].succeeded());
+}
