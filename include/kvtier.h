@@ -118,6 +118,24 @@ typedef enum kvt_job_kind {
   KVT_JOB_KIND_LOAD = 1,
 } kvt_job_kind;
 
+// Answer to a lookup.
+typedef enum kvt_lookup_result {
+  // The tier does not hold the key.
+  KVT_LOOKUP_RESULT_MISS = 0,
+  // The tier holds the key.
+  KVT_LOOKUP_RESULT_HIT = 1,
+  // Not known yet: ask again in a later step.
+  KVT_LOOKUP_RESULT_RETRY = 2,
+} kvt_lookup_result;
+
+// Locality carried on events, from the configuration.
+typedef enum kvt_locality {
+  // Not configured.
+  KVT_LOCALITY_UNSET = 0,
+  KVT_LOCALITY_LOCAL = 1,
+  KVT_LOCALITY_REMOTE = 2,
+} kvt_locality;
+
 // A tier handle. Opaque to C.
 typedef struct kvt_tier kvt_tier;
 
@@ -145,6 +163,36 @@ typedef struct kvt_result {
   // Why the job failed ("" on success). Owned by the tier; same lifetime as `key_status`.
   const char *message;
 } kvt_result;
+
+// A BlockStored event: the keys of one successful store job, in job order.
+typedef struct kvt_event {
+  // The store job that stored the keys.
+  uint64_t job_id;
+  // `num_keys` keys of `key_len` bytes, back to back. Owned by the tier; valid until
+  // the next `kvt_tier_take_events` or `kvt_tier_free` on this tier.
+  const uint8_t *keys;
+  size_t key_len;
+  size_t num_keys;
+  // Always "STORAGE" (vLLM's Medium.STORAGE). Static.
+  const char *medium;
+  enum kvt_locality locality;
+} kvt_event;
+
+// A snapshot of [`Stats`].
+typedef struct kvt_stats {
+  // Keys stored successfully.
+  uint64_t keys_stored;
+  // Keys loaded successfully.
+  uint64_t keys_loaded;
+  uint64_t bytes_stored;
+  uint64_t bytes_loaded;
+  // Keys of store or load jobs that failed.
+  uint64_t keys_failed;
+  // Existence checks (HEAD requests) sent to the store.
+  uint64_t existence_checks;
+  // Existence checks that failed (neither found nor absent).
+  uint64_t existence_check_errors;
+} kvt_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -272,6 +320,68 @@ enum kvt_status kvt_tier_shutdown(struct kvt_tier *tier);
 // and must not be freed twice. NULL is a no-op. Blocks. Must not run concurrently with
 // other calls on the same tier.
 void kvt_tier_free(struct kvt_tier *tier);
+
+// Answers whether the tier holds `key` for request `req_id`, in `*out_result`:
+// KVT_LOOKUP_RESULT_HIT, _MISS, or _RETRY when not known yet.
+//
+// Never blocks and never does I/O on the caller's thread: an unknown key answers RETRY
+// and is checked after the next `kvt_tier_schedule_end`; ask again in a later step.
+// Verdicts are shared by every request that asked for the key and kept until the last of
+// them is finished with `kvt_tier_request_finished`. A load job that fails turns only its
+// failed keys into MISS for the requests holding them. `key` is borrowed for the call.
+// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length is
+// KVT_STATUS_INVALID_ARGUMENT; `*out_result` is written only on success. Thread-safe.
+enum kvt_status kvt_tier_lookup(struct kvt_tier *tier,
+                                uint64_t req_id,
+                                const uint8_t *key,
+                                size_t key_len,
+                                enum kvt_lookup_result *out_result);
+
+// Ends a scheduler step: sends the lookups asked since the last call, deduplicated
+// across requests, as one batch of concurrent existence checks on the lookup lane
+// (separate from transfers). Never blocks. Thread-safe.
+enum kvt_status kvt_tier_schedule_end(struct kvt_tier *tier);
+
+// Tells the tier that request `req_id` will not look anything up again; verdicts held
+// only by it are dropped (one still being checked is dropped when its answer arrives).
+// Unknown ids are ignored. Never blocks. Thread-safe.
+enum kvt_status kvt_tier_request_finished(struct kvt_tier *tier, uint64_t req_id);
+
+// Takes up to `capacity` BlockStored events into `out_events`, oldest first, and writes
+// their number to `*out_count`; the rest wait for the next call.
+//
+// With `enable_kv_events` in the configuration, each store job whose result
+// `kvt_tier_poll` has returned as successful yields exactly one event holding the job's
+// keys in order. Failed stores and loads yield none. The key buffers are owned by the
+// tier and valid until the next `kvt_tier_take_events` or `kvt_tier_free`. NULL `tier`,
+// `out_count`, or `out_events` with `capacity > 0` is KVT_STATUS_NULL_ARGUMENT; on error
+// `*out_count` is 0. Not concurrently with itself on one tier.
+enum kvt_status kvt_tier_take_events(struct kvt_tier *tier,
+                                     struct kvt_event *out_events,
+                                     size_t capacity,
+                                     size_t *out_count);
+
+// Copies the tier's counters into `*out_stats`. NULL `tier` or `out_stats` is
+// KVT_STATUS_NULL_ARGUMENT. Thread-safe.
+enum kvt_status kvt_tier_stats(struct kvt_tier *tier, struct kvt_stats *out_stats);
+
+// Computes vLLM's namespace string
+// `<model_name with / replaced by _>_<first 12 hex of SHA-256 of the field set>_r<rank>`
+// from `fields_json`, the JSON object of hashed fields (model_name, tokens_per_hash,
+// blocks_per_file, tp_size, pp_size, pcp_size, dcp_size, dtype, kv_cache_groups,
+// inference_engine, and parallel_agnostic / replicated_layout where vLLM includes them),
+// so that objects are named as vLLM's tiers name them.
+//
+// Writes the NUL-terminated string into `out_buf` (`capacity` bytes) and its length
+// without the NUL to `*out_len`. When `capacity` is too small, returns
+// KVT_STATUS_INVALID_ARGUMENT with `*out_len` set to the length needed. NULL
+// `fields_json` or `out_len`, or NULL `out_buf` with `capacity > 0`, is
+// KVT_STATUS_NULL_ARGUMENT. Needs no tier. Thread-safe.
+enum kvt_status kvt_vllm_namespace(const char *fields_json,
+                                   uint32_t rank,
+                                   char *out_buf,
+                                   size_t capacity,
+                                   size_t *out_len);
 
 // The message of the last failed call on this thread, "" after a successful one.
 //

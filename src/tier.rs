@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,8 @@ use object_store::{GetOptions, GetRange, GetResultPayload, ObjectStore, PutOptio
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-use crate::config::TierConfig;
+use crate::config::{Locality, TierConfig};
+use crate::lookup::{Answer, LookupResult, LookupTable, ProbeGroup};
 use crate::error::{Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
 use crate::pool::{HostPool, MemoryLease};
@@ -180,6 +181,77 @@ pub(crate) struct Shared {
     results_tx: Sender<JobResult>,
     ready: ReadyFd,
     closing: AtomicBool,
+    answers_tx: Sender<Vec<Answer>>,
+    pub(crate) stats: Stats,
+}
+
+/// Counters since the tier was created.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub keys_stored: AtomicU64,
+    pub keys_loaded: AtomicU64,
+    pub bytes_stored: AtomicU64,
+    pub bytes_loaded: AtomicU64,
+    pub keys_failed: AtomicU64,
+    pub existence_checks: AtomicU64,
+    pub existence_check_errors: AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Keys stored successfully.
+    pub keys_stored: u64,
+    /// Keys loaded successfully.
+    pub keys_loaded: u64,
+    pub bytes_stored: u64,
+    pub bytes_loaded: u64,
+    /// Keys of store or load jobs that failed.
+    pub keys_failed: u64,
+    /// Existence checks (HEAD requests) sent to the store.
+    pub existence_checks: u64,
+    /// Existence checks that failed (neither found nor absent).
+    pub existence_check_errors: u64,
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            keys_stored: get(&self.keys_stored),
+            keys_loaded: get(&self.keys_loaded),
+            bytes_stored: get(&self.bytes_stored),
+            bytes_loaded: get(&self.bytes_loaded),
+            keys_failed: get(&self.keys_failed),
+            existence_checks: get(&self.existence_checks),
+            existence_check_errors: get(&self.existence_check_errors),
+        }
+    }
+}
+
+/// A BlockStored event: one per successful store job, keys in job order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub job_id: u64,
+    pub keys: KeyBatch,
+    pub locality: Option<Locality>,
+}
+
+/// Medium of every event this tier emits (vLLM's `Medium.STORAGE`).
+pub const EVENT_MEDIUM: &str = "STORAGE";
+
+struct Lookups {
+    table: LookupTable,
+    answers_rx: Receiver<Vec<Answer>>,
+}
+
+impl Lookups {
+    fn apply_answers(&mut self) {
+        while let Ok(batch) = self.answers_rx.try_recv() {
+            self.table.apply(batch);
+        }
+    }
 }
 
 impl Shared {
@@ -215,6 +287,8 @@ pub struct Tier {
     shared: Arc<Shared>,
     runtime: RwLock<Option<Runtime>>,
     results_rx: Receiver<JobResult>,
+    lookups: Mutex<Lookups>,
+    events: Mutex<Vec<StoredEvent>>,
 }
 
 impl Tier {
@@ -240,6 +314,7 @@ impl Tier {
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
+        let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
             store,
             layout,
@@ -254,9 +329,17 @@ impl Tier {
             results_tx,
             ready: ReadyFd::new()?,
             closing: AtomicBool::new(false),
+            answers_tx,
+            stats: Stats::default(),
         });
         log::info!("kvtier tier ready on {describe}");
-        Ok(Tier { shared, runtime: RwLock::new(Some(runtime)), results_rx })
+        Ok(Tier {
+            shared,
+            runtime: RwLock::new(Some(runtime)),
+            results_rx,
+            lookups: Mutex::new(Lookups { table: LookupTable::default(), answers_rx }),
+            events: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn config(&self) -> &TierConfig {
@@ -442,7 +525,98 @@ impl Tier {
                 Err(_) => break,
             }
         }
+        drop(table);
+        self.after_poll(&out);
         out
+    }
+
+    /// Applies finished jobs to lookups and events, in vLLM's order: failed load keys
+    /// become MISS for the requests holding them; successful stores yield one event.
+    fn after_poll(&self, results: &[JobResult]) {
+        let failed_loads = results.iter().any(|r| r.kind == JobKind::Load && !r.succeeded());
+        if failed_loads {
+            let mut lookups = self.lookups();
+            for r in results.iter().filter(|r| r.kind == JobKind::Load) {
+                let failed = r.keys.iter().zip(&r.key_status).filter(|(_, s)| !s.is_ok()).map(|(k, _)| k);
+                lookups.table.mark_miss(failed);
+            }
+        }
+        if self.shared.config.enable_kv_events {
+            let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+            for r in results.iter().filter(|r| r.kind == JobKind::Store && r.succeeded()) {
+                events.push(StoredEvent { job_id: r.job_id, keys: r.keys.clone(), locality: self.shared.config.locality });
+            }
+        }
+    }
+
+    fn lookups(&self) -> MutexGuard<'_, Lookups> {
+        self.lookups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Does the tier hold `key`? Never blocks and never does I/O: an unknown key answers
+    /// `Retry` and is checked after the next [`schedule_end`](Self::schedule_end).
+    pub fn lookup(&self, request: u64, key: &[u8]) -> Result<LookupResult> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "lookup after shutdown"));
+        }
+        self.check_key(key)?;
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        Ok(lookups.table.lookup(request, key))
+    }
+
+    /// Sends the lookups asked since the last call as one batch to the lookup lane.
+    pub fn schedule_end(&self) -> Result<()> {
+        let groups = {
+            let mut lookups = self.lookups();
+            lookups.apply_answers();
+            lookups.table.flush()
+        };
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let spawned = self.with_runtime(|rt| {
+            rt.spawn(async move {
+                let answers = check_groups(&shared, groups).await;
+                let _ = shared.answers_tx.send(answers);
+            });
+        });
+        spawned.ok_or_else(|| Error::new(Status::ShutDown, "schedule_end after shutdown"))
+    }
+
+    /// The request will not look anything up again; verdicts only it held are dropped.
+    pub fn request_finished(&self, request: u64) {
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        lookups.table.request_finished(request);
+    }
+
+    /// Keys with lookup state (for tests).
+    pub fn tracked_lookup_keys(&self) -> usize {
+        self.lookups().table.tracked_keys()
+    }
+
+    /// Takes up to `max` of the BlockStored events recorded so far, oldest first.
+    pub fn take_events(&self, max: usize) -> Vec<StoredEvent> {
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let n = max.min(events.len());
+        events.drain(..n).collect()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        let expected = self.shared.config.key_bytes;
+        if expected != 0 && key.len() != expected {
+            return Err(Error::invalid(format!(
+                "key is {} bytes but this tier is configured for key_bytes = {expected}",
+                key.len()
+            )));
+        }
+        split_key(key).map(|_| ())
     }
 
     /// A file descriptor that is readable while results wait. Owned by the tier.
@@ -510,10 +684,6 @@ impl Tier {
             result.seconds = submitted.elapsed().as_secs_f64();
             self.shared.finish(result);
         }
-    }
-
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
     }
 
     pub(crate) fn with_runtime<R>(&self, f: impl FnOnce(&Runtime) -> R) -> Option<R> {
@@ -603,6 +773,14 @@ async fn run_job(
 
     let key_status: Vec<Status> = outcomes.iter().map(|o| o.as_ref().err().map_or(Status::Ok, |e| e.status)).collect();
     let ok_keys = key_status.iter().filter(|s| s.is_ok()).count();
+    let stats = &shared.stats;
+    let (keys_counter, bytes_counter) = match kind {
+        JobKind::Store => (&stats.keys_stored, &stats.bytes_stored),
+        JobKind::Load => (&stats.keys_loaded, &stats.bytes_loaded),
+    };
+    keys_counter.fetch_add(ok_keys as u64, Ordering::Relaxed);
+    bytes_counter.fetch_add((ok_keys * pool.block_bytes()) as u64, Ordering::Relaxed);
+    stats.keys_failed.fetch_add((keys.len() - ok_keys) as u64, Ordering::Relaxed);
     let first_error = outcomes.iter().find_map(|o| o.as_ref().err());
     let message = match first_error {
         Some(e) => {
@@ -695,4 +873,48 @@ fn length_mismatch(name: &Path, got: u64, want: usize) -> Error {
         Status::LengthMismatch,
         format!("load {name}: object holds {got} bytes but blocks are {want} bytes"),
     )
+}
+
+/// Checks every group's keys concurrently on the lookup lane. A group (one request's keys
+/// of one step) whose check fails anywhere answers MISS for all its keys.
+async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answer> {
+    let missing_is_forbidden = shared.probe == ProbeOutcome::ReadyWithoutList;
+    let per_group = futures::future::join_all(groups.into_iter().map(|group| async move {
+        let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
+            let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
+            shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
+            let name = shared.layout.object_name(&probe.key).map_err(|_| ())?;
+            exists(&shared.store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
+                shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!("existence check failed: {}", e.message);
+            })
+        }))
+        .await;
+        let group_failed = checks.iter().any(|c| c.is_err());
+        group
+            .probes
+            .into_iter()
+            .zip(checks)
+            .map(|(probe, found)| Answer {
+                key: probe.key,
+                generation: probe.generation,
+                found: !group_failed && found.unwrap_or(false),
+            })
+            .collect::<Vec<_>>()
+    }))
+    .await;
+    per_group.into_iter().flatten().collect()
+}
+
+// TODO(lead): replace with store::exists once the S3 work lands.
+async fn exists(store: &DynStore, path: &Path, missing_is_forbidden: bool) -> Result<bool> {
+    use object_store::ObjectStoreExt;
+    match store.head(path).await {
+        Ok(_) => Ok(true),
+        Err(e) => match store::classify(&e) {
+            Status::NotFound => Ok(false),
+            Status::PermissionDenied if missing_is_forbidden => Ok(false),
+            status => Err(Error::new(status, format!("exists {path}: {}", store::error_chain(&e)))),
+        },
+    }
 }

@@ -17,8 +17,10 @@ use std::time::Duration;
 
 use boundary::{check_tier, guard, guard_or, set_last_error};
 
+use crate::config::Locality;
 use crate::error::{Error, Status};
-use crate::tier::{JobKind, KeyBatch, Tier};
+use crate::lookup::LookupResult;
+use crate::tier::{JobKind, KeyBatch, StatsSnapshot, Tier};
 
 pub use boundary::kvt_last_error;
 
@@ -37,6 +39,33 @@ pub struct kvt_tier {
     tier: Tier,
     /// Per-key statuses and messages of the last poll, kept alive until the next poll.
     last_poll: Mutex<PollScratch>,
+    /// Events of the last `kvt_tier_take_events`, kept alive until the next call.
+    last_events: Mutex<Vec<crate::tier::StoredEvent>>,
+}
+
+/// Locality carried on events, from the configuration.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventLocality {
+    /// Not configured.
+    Unset = 0,
+    Local = 1,
+    Remote = 2,
+}
+
+/// A BlockStored event: the keys of one successful store job, in job order.
+#[repr(C)]
+pub struct kvt_event {
+    /// The store job that stored the keys.
+    pub job_id: u64,
+    /// `num_keys` keys of `key_len` bytes, back to back. Owned by the tier; valid until
+    /// the next `kvt_tier_take_events` or `kvt_tier_free` on this tier.
+    pub keys: *const u8,
+    pub key_len: usize,
+    pub num_keys: usize,
+    /// Always "STORAGE" (vLLM's Medium.STORAGE). Static.
+    pub medium: *const c_char,
+    pub locality: EventLocality,
 }
 
 #[derive(Default)]
@@ -159,7 +188,12 @@ pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut
             .to_str()
             .map_err(|_| Error::config("config_json is not valid UTF-8"))?;
         let tier = Tier::from_json(json)?;
-        let handle = Box::new(kvt_tier { magic: TIER_MAGIC, tier, last_poll: Mutex::new(PollScratch::default()) });
+        let handle = Box::new(kvt_tier {
+            magic: TIER_MAGIC,
+            tier,
+            last_poll: Mutex::new(PollScratch::default()),
+            last_events: Mutex::new(Vec::new()),
+        });
         *out_tier = Box::into_raw(handle);
         Ok(())
     })
@@ -395,6 +429,151 @@ pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
         let mut boxed = Box::from_raw(tier);
         boxed.magic = 0;
         drop(boxed);
+        Ok(())
+    })
+}
+
+/// Answers whether the tier holds `key` for request `req_id`, in `*out_result`:
+/// KVT_LOOKUP_RESULT_HIT, _MISS, or _RETRY when not known yet.
+///
+/// Never blocks and never does I/O on the caller's thread: an unknown key answers RETRY
+/// and is checked after the next `kvt_tier_schedule_end`; ask again in a later step.
+/// Verdicts are shared by every request that asked for the key and kept until the last of
+/// them is finished with `kvt_tier_request_finished`. A load job that fails turns only its
+/// failed keys into MISS for the requests holding them. `key` is borrowed for the call.
+/// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length is
+/// KVT_STATUS_INVALID_ARGUMENT; `*out_result` is written only on success. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_lookup(
+    tier: *mut kvt_tier,
+    req_id: u64,
+    key: *const u8,
+    key_len: usize,
+    out_result: *mut LookupResult,
+) -> Status {
+    guard("kvt_tier_lookup", || {
+        let handle = check_tier(tier)?;
+        if key.is_null() || out_result.is_null() {
+            return Err(Error::new(Status::NullArgument, if key.is_null() { "key is NULL" } else { "out_result is NULL" }));
+        }
+        let verdict = handle.tier.lookup(req_id, std::slice::from_raw_parts(key, key_len))?;
+        *out_result = verdict;
+        Ok(())
+    })
+}
+
+/// Ends a scheduler step: sends the lookups asked since the last call, deduplicated
+/// across requests, as one batch of concurrent existence checks on the lookup lane
+/// (separate from transfers). Never blocks. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
+    guard("kvt_tier_schedule_end", || check_tier(tier)?.tier.schedule_end())
+}
+
+/// Tells the tier that request `req_id` will not look anything up again; verdicts held
+/// only by it are dropped (one still being checked is dropped when its answer arrives).
+/// Unknown ids are ignored. Never blocks. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_request_finished(tier: *mut kvt_tier, req_id: u64) -> Status {
+    guard("kvt_tier_request_finished", || {
+        check_tier(tier)?.tier.request_finished(req_id);
+        Ok(())
+    })
+}
+
+/// Takes up to `capacity` BlockStored events into `out_events`, oldest first, and writes
+/// their number to `*out_count`; the rest wait for the next call.
+///
+/// With `enable_kv_events` in the configuration, each store job whose result
+/// `kvt_tier_poll` has returned as successful yields exactly one event holding the job's
+/// keys in order. Failed stores and loads yield none. The key buffers are owned by the
+/// tier and valid until the next `kvt_tier_take_events` or `kvt_tier_free`. NULL `tier`,
+/// `out_count`, or `out_events` with `capacity > 0` is KVT_STATUS_NULL_ARGUMENT; on error
+/// `*out_count` is 0. Not concurrently with itself on one tier.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_take_events(
+    tier: *mut kvt_tier,
+    out_events: *mut kvt_event,
+    capacity: usize,
+    out_count: *mut usize,
+) -> Status {
+    guard("kvt_tier_take_events", || {
+        if !out_count.is_null() {
+            *out_count = 0;
+        }
+        let handle = check_tier(tier)?;
+        if out_count.is_null() || (out_events.is_null() && capacity > 0) {
+            return Err(Error::new(Status::NullArgument, "out_count or out_events is NULL"));
+        }
+        let mut kept = handle.last_events.lock().unwrap_or_else(|p| p.into_inner());
+        *kept = handle.tier.take_events(capacity);
+        for (i, event) in kept.iter().enumerate() {
+            out_events.add(i).write(kvt_event {
+                job_id: event.job_id,
+                keys: event.keys.as_bytes().as_ptr(),
+                key_len: event.keys.key_len(),
+                num_keys: event.keys.len(),
+                medium: c"STORAGE".as_ptr(),
+                locality: match event.locality {
+                    None => EventLocality::Unset,
+                    Some(Locality::LOCAL) => EventLocality::Local,
+                    Some(Locality::REMOTE) => EventLocality::Remote,
+                },
+            });
+            *out_count = i + 1;
+        }
+        Ok(())
+    })
+}
+
+/// Copies the tier's counters into `*out_stats`. NULL `tier` or `out_stats` is
+/// KVT_STATUS_NULL_ARGUMENT. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut StatsSnapshot) -> Status {
+    guard("kvt_tier_stats", || {
+        let handle = check_tier(tier)?;
+        if out_stats.is_null() {
+            return Err(Error::new(Status::NullArgument, "out_stats is NULL"));
+        }
+        *out_stats = handle.tier.stats();
+        Ok(())
+    })
+}
+
+/// Computes vLLM's namespace string
+/// `<model_name with / replaced by _>_<first 12 hex of SHA-256 of the field set>_r<rank>`
+/// from `fields_json`, the JSON object of hashed fields (model_name, tokens_per_hash,
+/// blocks_per_file, tp_size, pp_size, pcp_size, dcp_size, dtype, kv_cache_groups,
+/// inference_engine, and parallel_agnostic / replicated_layout where vLLM includes them),
+/// so that objects are named as vLLM's tiers name them.
+///
+/// Writes the NUL-terminated string into `out_buf` (`capacity` bytes) and its length
+/// without the NUL to `*out_len`. When `capacity` is too small, returns
+/// KVT_STATUS_INVALID_ARGUMENT with `*out_len` set to the length needed. NULL
+/// `fields_json` or `out_len`, or NULL `out_buf` with `capacity > 0`, is
+/// KVT_STATUS_NULL_ARGUMENT. Needs no tier. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_vllm_namespace(
+    fields_json: *const c_char,
+    rank: u32,
+    out_buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> Status {
+    guard("kvt_vllm_namespace", || {
+        if fields_json.is_null() || out_len.is_null() || (out_buf.is_null() && capacity > 0) {
+            return Err(Error::new(Status::NullArgument, "fields_json, out_len or out_buf is NULL"));
+        }
+        let text = CStr::from_ptr(fields_json).to_str().map_err(|_| Error::invalid("fields_json is not UTF-8"))?;
+        let fields: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::invalid(format!("fields_json is not JSON: {e}")))?;
+        let namespace = crate::namespace::vllm_namespace(&fields, rank)?;
+        *out_len = namespace.len();
+        if namespace.len() + 1 > capacity {
+            return Err(Error::invalid(format!("out_buf holds {capacity} bytes; {} needed", namespace.len() + 1)));
+        }
+        std::ptr::copy_nonoverlapping(namespace.as_ptr(), out_buf as *mut u8, namespace.len());
+        *out_buf.add(namespace.len()) = 0;
         Ok(())
     })
 }

@@ -1,0 +1,137 @@
+//! Lookups, events and per-key failure marking through the engine.
+
+use std::time::{Duration, Instant};
+
+use kvtier::key::make_key;
+use kvtier::{JobKind, KeyBatch, LookupResult, Status, Tier};
+
+const BLOCK: usize = 4096;
+
+fn key(i: u64) -> Vec<u8> {
+    let mut hash = [0x5au8; 32];
+    hash[..8].copy_from_slice(&i.to_be_bytes());
+    make_key(&hash, 0)
+}
+
+fn batch(ids: &[u64]) -> KeyBatch {
+    KeyBatch::from_keys(&ids.iter().map(|&i| key(i)).collect::<Vec<_>>()).unwrap()
+}
+
+/// Calls lookup until it stops answering Retry, ending a step between calls.
+fn resolve(tier: &Tier, request: u64, k: &[u8]) -> LookupResult {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = tier.lookup(request, k).unwrap();
+        if v != LookupResult::Retry {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "lookup never resolved");
+        tier.schedule_end().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn tier(extra: &str) -> (Tier, Vec<u8>) {
+    let tier = Tier::from_json(&format!(r#"{{"store":{{"type":"memory"}}{extra}}}"#)).unwrap();
+    let mut mem = vec![7u8; 16 * BLOCK];
+    unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
+    (tier, mem)
+}
+
+fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], keys: &[u64]) -> kvtier::JobResult {
+    let _ = tier.submit(kind, id, blocks, batch(keys));
+    tier.drain(Duration::from_secs(30)).unwrap();
+    let mut results = tier.poll(usize::MAX);
+    assert_eq!(results.len(), 1);
+    results.pop().unwrap()
+}
+
+#[test]
+fn retry_then_verdict_and_repeated_lookups_issue_no_new_checks() {
+    let (tier, _mem) = tier("");
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[1]).succeeded());
+    assert_eq!(tier.lookup(10, &key(1)).unwrap(), LookupResult::Retry);
+    assert_eq!(tier.lookup(10, &key(2)).unwrap(), LookupResult::Retry);
+    tier.schedule_end().unwrap();
+    assert_eq!(resolve(&tier, 10, &key(1)), LookupResult::Hit);
+    assert_eq!(resolve(&tier, 10, &key(2)), LookupResult::Miss);
+    let checks = tier.stats().existence_checks;
+    assert_eq!(checks, 2);
+    for _ in 0..10 {
+        tier.lookup(10, &key(1)).unwrap();
+        tier.lookup(10, &key(2)).unwrap();
+        tier.schedule_end().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(tier.stats().existence_checks, checks, "resolved keys are not checked again");
+}
+
+#[test]
+fn two_requests_share_one_check_until_both_finish() {
+    let (tier, _mem) = tier("");
+    tier.lookup(1, &key(5)).unwrap();
+    tier.lookup(2, &key(5)).unwrap();
+    tier.schedule_end().unwrap();
+    assert_eq!(resolve(&tier, 1, &key(5)), LookupResult::Miss);
+    assert_eq!(tier.lookup(2, &key(5)).unwrap(), LookupResult::Miss);
+    assert_eq!(tier.stats().existence_checks, 1);
+    tier.request_finished(1);
+    assert_eq!(tier.tracked_lookup_keys(), 1);
+    tier.request_finished(2);
+    assert_eq!(tier.tracked_lookup_keys(), 0);
+    // A later request checks again (and now sees the block once stored).
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[5]).succeeded());
+    assert_eq!(resolve(&tier, 3, &key(5)), LookupResult::Hit);
+    assert_eq!(tier.stats().existence_checks, 2);
+}
+
+#[test]
+fn failed_load_marks_only_failed_keys_miss() {
+    let (tier, _mem) = tier("");
+    assert!(run(&tier, JobKind::Store, 1, &[0, 1], &[1, 2]).succeeded());
+    for k in [1, 2, 3] {
+        tier.lookup(7, &key(k)).unwrap();
+    }
+    tier.schedule_end().unwrap();
+    assert_eq!(resolve(&tier, 7, &key(1)), LookupResult::Hit);
+    assert_eq!(resolve(&tier, 7, &key(2)), LookupResult::Hit);
+    // Delete key 2 behind the tier's back; its load fails, key 1's succeeds.
+    let store = tier.store().clone();
+    let name = object_store::path::Path::from(tier.layout().object_name(&key(2)).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async { object_store::ObjectStoreExt::delete(&*store, &name).await.unwrap() });
+    let r = run(&tier, JobKind::Load, 2, &[4, 5], &[1, 2]);
+    assert_eq!(r.key_status, vec![Status::Ok, Status::NotFound]);
+    assert_eq!(tier.lookup(7, &key(1)).unwrap(), LookupResult::Hit);
+    assert_eq!(tier.lookup(7, &key(2)).unwrap(), LookupResult::Miss);
+}
+
+#[test]
+fn events_only_for_successful_stores_in_key_order() {
+    let (tier, _mem) = tier(r#","enable_kv_events":true,"locality":"REMOTE""#);
+    assert!(run(&tier, JobKind::Store, 1, &[0, 1, 2], &[3, 1, 2]).succeeded());
+    assert!(!run(&tier, JobKind::Store, 2, &[99], &[4]).succeeded());
+    assert!(run(&tier, JobKind::Load, 3, &[5], &[3]).succeeded());
+    assert!(!run(&tier, JobKind::Load, 4, &[6], &[42]).succeeded());
+    let events = tier.take_events(usize::MAX);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].job_id, 1);
+    assert_eq!(events[0].keys, batch(&[3, 1, 2]));
+    assert_eq!(events[0].locality, Some(kvtier::config::Locality::REMOTE));
+    assert!(tier.take_events(usize::MAX).is_empty(), "take_events drains");
+}
+
+#[test]
+fn events_disabled_by_default() {
+    let (tier, _mem) = tier("");
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[1]).succeeded());
+    assert!(tier.take_events(usize::MAX).is_empty());
+}
+
+#[test]
+fn lookup_rejects_bad_keys_and_calls_after_shutdown() {
+    let (tier, _mem) = tier("");
+    assert_eq!(tier.lookup(1, &[1, 2, 3]).unwrap_err().status, Status::InvalidArgument);
+    tier.shutdown();
+    assert_eq!(tier.lookup(1, &key(1)).unwrap_err().status, Status::ShutDown);
+}
