@@ -192,6 +192,14 @@ typedef struct kvt_stats {
   uint64_t existence_checks;
   // Existence checks that failed (neither found nor absent).
   uint64_t existence_check_errors;
+  // Loads whose bytes did not match the recorded checksum.
+  uint64_t corrupt_blocks;
+  // Store keys skipped because the tier knew the store holds them.
+  uint64_t dedup_known;
+  // Store keys that waited for a concurrent upload of the same key instead of uploading.
+  uint64_t dedup_joined;
+  // Store keys the store already held (conditional PUT answered 412).
+  uint64_t dedup_already_stored;
 } kvt_stats;
 
 #ifdef __cplusplus

@@ -49,6 +49,46 @@ pub struct TierConfig {
     /// How long shutdown waits for operations already in progress before abandoning them.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
+    /// Record a CRC32C of every stored block (in object metadata, or an extended
+    /// attribute on the local store) and verify it on load.
+    #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    pub checksums: bool,
+    /// What a load does with a block whose bytes do not match its checksum.
+    #[serde(default)]
+    pub on_corrupt: OnCorrupt,
+    /// How stores avoid uploading a block the store already holds. Default: `conditional`
+    /// where the store honours conditional PUT (probed at start), else `skip_known`.
+    #[serde(default)]
+    pub dedup: Option<DedupMode>,
+    /// Keys remembered as present for `skip_known` dedup; the memory is forgotten whole when full.
+    #[serde(default = "default_known_keys")]
+    pub known_keys_capacity: usize,
+}
+
+fn default_known_keys() -> usize {
+    1_000_000
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCorrupt {
+    /// Fail the key; the object stays.
+    #[default]
+    Fail,
+    /// Fail the key and delete the object, so that the next store rewrites it.
+    FailAndDelete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DedupMode {
+    /// Skip keys known present, share concurrent uploads of one key, and PUT with
+    /// `If-None-Match: *` so that a key another replica stored is not rewritten.
+    Conditional,
+    /// Skip keys known present and share concurrent uploads; PUTs overwrite.
+    SkipKnown,
+    /// Upload every store.
+    Off,
 }
 
 fn default_key_bytes() -> usize {

@@ -4,7 +4,7 @@
 //! the tier's own tokio runtime; completions come back through a crossbeam channel, with
 //! an eventfd that is readable while results wait.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use futures::FutureExt;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, GetResultPayload, ObjectStore, PutOptions, PutPayload};
+use object_store::{
+    Attribute, Attributes, GetOptions, GetRange, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload,
+};
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-use crate::config::{Locality, TierConfig};
+use crate::config::{DedupMode, Locality, OnCorrupt, StoreConfig, TierConfig};
 use crate::lookup::{Answer, LookupResult, LookupTable, ProbeGroup};
 use crate::error::{Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
@@ -183,6 +186,14 @@ pub(crate) struct Shared {
     closing: AtomicBool,
     answers_tx: Sender<Vec<Answer>>,
     pub(crate) stats: Stats,
+    /// Dedup mode in force (the configured one, or what the start-up probe allows).
+    dedup: DedupMode,
+    /// Keys known to be in the store: not uploaded again.
+    known: Mutex<HashSet<Vec<u8>>>,
+    /// Uploads in flight, with the stores of the same key waiting for them.
+    uploads: Mutex<HashMap<Vec<u8>, Vec<tokio::sync::oneshot::Sender<Result<()>>>>>,
+    /// Root of the local store: its checksums live in extended attributes.
+    local_root: Option<std::path::PathBuf>,
 }
 
 /// Counters since the tier was created.
@@ -195,6 +206,10 @@ pub struct Stats {
     pub keys_failed: AtomicU64,
     pub existence_checks: AtomicU64,
     pub existence_check_errors: AtomicU64,
+    pub corrupt_blocks: AtomicU64,
+    pub dedup_known: AtomicU64,
+    pub dedup_joined: AtomicU64,
+    pub dedup_already_stored: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -213,6 +228,14 @@ pub struct StatsSnapshot {
     pub existence_checks: u64,
     /// Existence checks that failed (neither found nor absent).
     pub existence_check_errors: u64,
+    /// Loads whose bytes did not match the recorded checksum.
+    pub corrupt_blocks: u64,
+    /// Store keys skipped because the tier knew the store holds them.
+    pub dedup_known: u64,
+    /// Store keys that waited for a concurrent upload of the same key instead of uploading.
+    pub dedup_joined: u64,
+    /// Store keys the store already held (conditional PUT answered 412).
+    pub dedup_already_stored: u64,
 }
 
 impl Stats {
@@ -226,6 +249,10 @@ impl Stats {
             keys_failed: get(&self.keys_failed),
             existence_checks: get(&self.existence_checks),
             existence_check_errors: get(&self.existence_check_errors),
+            corrupt_blocks: get(&self.corrupt_blocks),
+            dedup_known: get(&self.dedup_known),
+            dedup_joined: get(&self.dedup_joined),
+            dedup_already_stored: get(&self.dedup_already_stored),
         }
     }
 }
@@ -255,6 +282,100 @@ impl Lookups {
 }
 
 impl Shared {
+    async fn transfer_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.transfer_permits
+            .acquire()
+            .await
+            .map_err(|_| Error::new(Status::Cancelled, "the tier shut down before the transfer started"))
+    }
+
+    fn known(&self) -> MutexGuard<'_, HashSet<Vec<u8>>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn remember(&self, key: &[u8]) {
+        if self.dedup == DedupMode::Off {
+            return;
+        }
+        let mut known = self.known();
+        if known.len() >= self.config.known_keys_capacity {
+            known.clear();
+        }
+        known.insert(key.to_vec());
+    }
+
+    fn forget(&self, key: &[u8]) {
+        self.known().remove(key);
+    }
+
+    /// Stores one block unless the store is known to hold it or an upload of the same key
+    /// is already running, in which case the outcome of that upload is shared.
+    async fn store_deduplicated(&self, key: &[u8], name: &Path, view: bytes::Bytes) -> Result<()> {
+        if self.dedup == DedupMode::Off {
+            let _permit = self.transfer_permit().await?;
+            return self.store_block(name, view).await;
+        }
+        if self.known().contains(key) {
+            self.stats.dedup_known.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let waiter = {
+            let mut uploads = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+            match uploads.get_mut(key) {
+                Some(waiters) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    waiters.push(tx);
+                    Some(rx)
+                }
+                None => {
+                    uploads.insert(key.to_vec(), Vec::new());
+                    None
+                }
+            }
+        };
+        if let Some(rx) = waiter {
+            self.stats.dedup_joined.fetch_add(1, Ordering::Relaxed);
+            return rx.await.unwrap_or_else(|_| Err(Error::new(Status::Cancelled, "the shared upload was abandoned")));
+        }
+        let outcome = match self.transfer_permit().await {
+            Ok(_permit) => self.store_block(name, view).await,
+            Err(e) => Err(e),
+        };
+        if outcome.is_ok() {
+            self.remember(key);
+        }
+        let waiters = self.uploads.lock().unwrap_or_else(|p| p.into_inner()).remove(key).unwrap_or_default();
+        for waiter in waiters {
+            let _ = waiter.send(outcome.clone());
+        }
+        outcome
+    }
+
+    async fn store_block(&self, name: &Path, view: bytes::Bytes) -> Result<()> {
+        let crc = self.config.checksums.then(|| crc32c::crc32c(&view));
+        let mut attributes = Attributes::new();
+        if let (Some(crc), None) = (crc, &self.local_root) {
+            attributes.insert(Attribute::Metadata(CRC_METADATA.into()), format!("{crc:08x}").into());
+        }
+        // The in-memory store keeps the body itself: it gets a copy, never caller memory.
+        let body = if self.store_keeps_payload { bytes::Bytes::copy_from_slice(&view) } else { view };
+        let mode = if self.dedup == DedupMode::Conditional { PutMode::Create } else { PutMode::Overwrite };
+        let options = PutOptions { mode, attributes, ..Default::default() };
+        match self.store.put_opts(name, PutPayload::from_bytes(body), options).await {
+            Ok(_) => {
+                if let (Some(crc), Some(root)) = (crc, &self.local_root) {
+                    set_local_checksum(&root.join(name.as_ref()), crc);
+                }
+                Ok(())
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                self.stats.dedup_already_stored.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(op_error("store", name, &e)),
+        }
+    }
+
     fn table(&self) -> MutexGuard<'_, JobTable> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -313,8 +434,13 @@ impl Tier {
         let describe = describe_store(&config);
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
+        let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
+        let local_root = match &config.store {
+            StoreConfig::Local(local) => Some(local.path.clone()),
+            _ => None,
+        };
         let shared = Arc::new(Shared {
             store,
             layout,
@@ -331,6 +457,10 @@ impl Tier {
             closing: AtomicBool::new(false),
             answers_tx,
             stats: Stats::default(),
+            dedup,
+            known: Mutex::new(HashSet::new()),
+            uploads: Mutex::new(HashMap::new()),
+            local_root,
         });
         log::info!("kvtier tier ready on {describe}");
         Ok(Tier {
@@ -748,22 +878,19 @@ async fn run_job(
     let outcomes: Vec<std::result::Result<(), Error>> = {
         let lease = &lease;
         let shared = &shared;
-        futures::future::join_all(block_ids.iter().zip(&names).map(|(&block, name)| async move {
-            let _permit = shared
-                .transfer_permits
-                .acquire()
-                .await
-                .map_err(|_| Error::new(Status::Cancelled, "the tier shut down before the transfer started"))?;
+        futures::future::join_all(block_ids.iter().zip(&names).zip(keys.iter()).map(|((&block, name), key)| async move {
             match kind {
-                JobKind::Store => {
-                    let body = if shared.store_keeps_payload {
-                        bytes::Bytes::copy_from_slice(lease.view(&pool, block).as_ref())
-                    } else {
-                        lease.view(&pool, block)
-                    };
-                    store_block(&shared.store, name, body).await
+                JobKind::Store => shared.store_deduplicated(key, name, lease.view(&pool, block)).await,
+                JobKind::Load => {
+                    let _permit = shared.transfer_permit().await?;
+                    let loaded = load_block(shared, name, &pool, block).await;
+                    if let Err(e) = &loaded {
+                        if matches!(e.status, Status::NotFound | Status::Corrupt | Status::LengthMismatch) {
+                            shared.forget(key);
+                        }
+                    }
+                    loaded
                 }
-                JobKind::Load => load_block(&shared.store, name, &pool, block).await,
             }
         }))
         .await
@@ -812,43 +939,44 @@ fn is_range_error(e: &object_store::Error) -> bool {
     text.contains("Requested range was invalid") || text.contains("416") || text.contains("InvalidRange")
 }
 
-async fn store_block(store: &DynStore, name: &Path, body: bytes::Bytes) -> Result<()> {
-    store
-        .put_opts(name, PutPayload::from_bytes(body), PutOptions::default())
-        .await
-        .map(|_| ())
-        .map_err(|e| op_error("store", name, &e))
-}
-
-async fn load_block(store: &DynStore, name: &Path, pool: &HostPool, block: u64) -> Result<()> {
+async fn load_block(shared: &Shared, name: &Path, pool: &HostPool, block: u64) -> Result<()> {
     let block_bytes = pool.block_bytes();
     let options = GetOptions { range: Some(GetRange::Bounded(0..block_bytes as u64)), ..Default::default() };
-    let got = store.get_opts(name, options).await.map_err(|e| op_error("load", name, &e))?;
+    let got = shared.store.get_opts(name, options).await.map_err(|e| op_error("load", name, &e))?;
     if got.meta.size != block_bytes as u64 {
         return Err(length_mismatch(name, got.meta.size, block_bytes));
     }
     let dest = pool.block_ptr(block) as usize;
-    match got.payload {
+    let verify = shared.config.checksums;
+    let expected_crc = if verify { recorded_checksum(&got.attributes) } else { None };
+    let (loaded, expected_crc) = match got.payload {
         GetResultPayload::File(file, _) => {
             let read = tokio::task::spawn_blocking(move || {
                 use std::os::unix::fs::FileExt;
+                let recorded = if verify { local_checksum(&file) } else { None };
                 // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
                 let slot = unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, block_bytes) };
-                file.read_exact_at(slot, 0)
+                file.read_exact_at(slot, 0)?;
+                Ok::<_, std::io::Error>(recorded.map(|want| (want, crc32c::crc32c(slot))))
             })
             .await
             .map_err(|e| Error::new(Status::Io, format!("load {name}: {e}")))?;
-            read.map_err(|e| {
+            let checked = read.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     Error::new(Status::LengthMismatch, format!("load {name}: object shorter than {block_bytes} bytes"))
                 } else {
                     Error::new(Status::Io, format!("load {name}: {e}"))
                 }
-            })
+            })?;
+            match checked {
+                Some((want, got)) => (got, Some(want)),
+                None => (0, None),
+            }
         }
         GetResultPayload::Stream(mut stream) => {
             use futures::StreamExt;
             let mut filled = 0usize;
+            let mut crc = 0u32;
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| op_error("load", name, &e))?;
                 if filled + chunk.len() > block_bytes {
@@ -858,12 +986,97 @@ async fn load_block(store: &DynStore, name: &Path, pool: &HostPool, block: u64) 
                 unsafe {
                     std::ptr::copy_nonoverlapping(chunk.as_ptr(), (dest as *mut u8).add(filled), chunk.len());
                 }
+                if expected_crc.is_some() {
+                    // The chunk is still in cache: checksum it now rather than in a second pass.
+                    crc = crc32c::crc32c_append(crc, &chunk);
+                }
                 filled += chunk.len();
             }
             if filled != block_bytes {
                 return Err(length_mismatch(name, filled as u64, block_bytes));
             }
-            Ok(())
+            (crc, expected_crc)
+        }
+    };
+    match expected_crc {
+        Some(want) if want != loaded => {
+            shared.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
+            log::warn!("block {name} is corrupt: checksum {loaded:08x}, recorded {want:08x}");
+            if shared.config.on_corrupt == OnCorrupt::FailAndDelete {
+                if let Err(e) = shared.store.delete(name).await {
+                    log::warn!("could not delete corrupt block {name}: {e}");
+                }
+            }
+            Err(Error::new(
+                Status::Corrupt,
+                format!("load {name}: checksum {loaded:08x} does not match the recorded {want:08x}"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Object metadata key of the CRC32C (8 lowercase hex digits) of a block's bytes.
+pub const CRC_METADATA: &str = "kvtier-crc32c";
+/// Extended attribute holding the same on the local store.
+const CRC_XATTR: &std::ffi::CStr = c"user.kvtier.crc32c";
+
+fn recorded_checksum(attributes: &Attributes) -> Option<u32> {
+    let value = attributes.get(&Attribute::Metadata(CRC_METADATA.into()))?;
+    u32::from_str_radix(value.as_ref(), 16).ok()
+}
+
+fn set_local_checksum(path: &std::path::Path, crc: u32) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return };
+    let value = format!("{crc:08x}");
+    let rc = unsafe {
+        libc::setxattr(cpath.as_ptr(), CRC_XATTR.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0)
+    };
+    if rc != 0 {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        let err = std::io::Error::last_os_error();
+        WARNED.call_once(|| log::warn!("cannot record checksums as extended attributes ({err}); local blocks load with the length check only"));
+    }
+}
+
+fn local_checksum(file: &std::fs::File) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 16];
+    let n = unsafe {
+        libc::fgetxattr(file.as_raw_fd(), CRC_XATTR.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
+    };
+    if n <= 0 {
+        return None;
+    }
+    std::str::from_utf8(&buf[..n as usize]).ok().and_then(|s| u32::from_str_radix(s, 16).ok())
+}
+
+/// Decides the dedup mode: conditional PUT only where the store refuses a second create.
+async fn choose_dedup(store: &DynStore, layout: &KeyLayout, configured: Option<DedupMode>, describe: &str) -> Result<DedupMode> {
+    if matches!(configured, Some(DedupMode::Off | DedupMode::SkipKnown)) {
+        return Ok(configured.unwrap_or(DedupMode::SkipKnown));
+    }
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let path = Path::from(format!("{}/conditional-put-{}-{nonce}", layout.probe_name(), std::process::id()));
+    let create = || PutOptions { mode: PutMode::Create, ..Default::default() };
+    let first = store.put_opts(&path, PutPayload::from_static(b"kvtier"), create()).await;
+    let honoured = match first {
+        Ok(_) => matches!(
+            store.put_opts(&path, PutPayload::from_static(b"kvtier"), create()).await,
+            Err(object_store::Error::AlreadyExists { .. })
+        ),
+        Err(_) => false,
+    };
+    let _ = store.delete(&path).await;
+    match (honoured, configured) {
+        (true, _) => Ok(DedupMode::Conditional),
+        (false, Some(DedupMode::Conditional)) => Err(Error::config(format!(
+            "dedup is \"conditional\" but {describe} does not honour conditional PUT (If-None-Match: *); use \"skip_known\""
+        ))),
+        (false, _) => {
+            log::info!("{describe} does not honour conditional PUT; dedup falls back to skip_known");
+            Ok(DedupMode::SkipKnown)
         }
     }
 }
@@ -891,6 +1104,11 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
         }))
         .await;
         let group_failed = checks.iter().any(|c| c.is_err());
+        for (probe, found) in group.probes.iter().zip(&checks) {
+            if found == &Ok(true) {
+                shared.remember(&probe.key);
+            }
+        }
         group
             .probes
             .into_iter()
