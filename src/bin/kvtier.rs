@@ -1,6 +1,7 @@
 //! `kvtier` command line. `kvtier bench` runs a simulated serving workload through the
-//! library and prints a summary.
+//! library and prints a summary table.
 
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use kvtier::key::make_key;
@@ -9,18 +10,26 @@ use kvtier::{JobKind, KeyBatch, LookupResult, Tier};
 const USAGE: &str = "\
 usage: kvtier bench [options]
 
-Runs a simulated serving workload through the library: stores blocks from a host pool,
-looks them up (plus as many absent keys), loads them into other slots, verifies every
-byte, and prints a summary.
+Runs a simulated serving workload through the library. The default workload stores
+blocks from a host pool, checks their existence (and that of as many absent keys), loads
+them into other slots, verifies every byte, and prints throughput, latency, client CPU
+per GiB and peak RSS. Without --config it uses a local directory store in a temporary
+directory, removed afterwards.
 
 options:
-  --blocks N          blocks to store and load (default 256)
-  --block-size SIZE   bytes per block, with optional K/M suffix (default 1M)
-  --keys-per-job N    keys per store/load job (default 4)
-  --config JSON       tier configuration (default: a local directory store in a
-                      temporary directory, removed afterwards)
+  --blocks N          blocks per phase (default 256)
+  --block-size SIZE   bytes per block, with optional K/M/G suffix (default 1M)
+  --keys-per-job N    keys per store/load job (default 1)
+  --concurrency N     jobs in flight at once (default 16); also the tier's
+                      max_inflight_transfers unless the configuration sets it
+  --workload LIST     comma-separated phases, in order, from: store, exists, load,
+                      verify (default store,exists,load,verify); load and verify need
+                      a store phase first
+  --repeat N          run the phases N times with fresh keys (default 1)
+  --no-checksums      turn off CRC32C checksums (to measure their cost)
+  --config JSON       tier configuration (e.g. an S3 store; see the README)
   --config-file PATH  tier configuration read from a file
-  --json              print the summary as one JSON object
+  --json              print the results as one JSON object
   -h, --help          this help
 ";
 
@@ -28,6 +37,10 @@ struct Options {
     blocks: usize,
     block_size: usize,
     keys_per_job: usize,
+    concurrency: usize,
+    workload: Vec<String>,
+    repeat: usize,
+    checksums: bool,
     config: Option<String>,
     json: bool,
 }
@@ -43,16 +56,29 @@ fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 fn parse_options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options { blocks: 256, block_size: 1024 * 1024, keys_per_job: 4, config: None, json: false };
+    let mut o = Options {
+        blocks: 256,
+        block_size: 1024 * 1024,
+        keys_per_job: 1,
+        concurrency: 16,
+        workload: ["store", "exists", "load", "verify"].map(String::from).to_vec(),
+        repeat: 1,
+        checksums: true,
+        config: None,
+        json: false,
+    };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        let number = |name: &str, text: String| text.parse::<usize>().map_err(|_| format!("{name} needs a number"));
         match arg.as_str() {
-            "--blocks" => o.blocks = value("--blocks")?.parse().map_err(|_| "--blocks needs a number")?,
+            "--blocks" => o.blocks = number("--blocks", value("--blocks")?)?,
             "--block-size" => o.block_size = parse_size(&value("--block-size")?)?,
-            "--keys-per-job" => {
-                o.keys_per_job = value("--keys-per-job")?.parse().map_err(|_| "--keys-per-job needs a number")?
-            }
+            "--keys-per-job" => o.keys_per_job = number("--keys-per-job", value("--keys-per-job")?)?,
+            "--concurrency" => o.concurrency = number("--concurrency", value("--concurrency")?)?,
+            "--repeat" => o.repeat = number("--repeat", value("--repeat")?)?,
+            "--workload" => o.workload = value("--workload")?.split(',').map(|s| s.trim().to_string()).collect(),
+            "--no-checksums" => o.checksums = false,
             "--config" => o.config = Some(value("--config")?),
             "--config-file" => {
                 let path = value("--config-file")?;
@@ -63,8 +89,21 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             other => return Err(format!("unknown option {other}")),
         }
     }
-    if o.blocks == 0 || o.block_size == 0 || o.keys_per_job == 0 {
-        return Err("--blocks, --block-size and --keys-per-job must be positive".into());
+    if o.blocks == 0 || o.block_size == 0 || o.keys_per_job == 0 || o.concurrency == 0 || o.repeat == 0 {
+        return Err("--blocks, --block-size, --keys-per-job, --concurrency and --repeat must be positive".into());
+    }
+    for phase in &o.workload {
+        if !["store", "exists", "load", "verify"].contains(&phase.as_str()) {
+            return Err(format!("unknown phase {phase:?} in --workload"));
+        }
+    }
+    let first_store = o.workload.iter().position(|p| p == "store");
+    for needs in ["load", "verify", "exists"] {
+        if let Some(i) = o.workload.iter().position(|p| p == needs) {
+            if needs != "exists" && first_store.is_none_or(|s| s > i) {
+                return Err(format!("phase {needs} needs a store phase before it"));
+            }
+        }
     }
     Ok(o)
 }
@@ -129,52 +168,168 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[idx]
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-struct Phase {
+/// Client CPU seconds (user + system) and peak RSS in KiB, from getrusage.
+fn rusage() -> (f64, u64) {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(usage.ru_utime) + secs(usage.ru_stime), usage.ru_maxrss as u64)
+}
+
+struct Progress {
+    label: String,
+    total: usize,
+    enabled: bool,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(label: &str, total: usize, quiet: bool) -> Self {
+        Progress { label: label.to_string(), total, enabled: !quiet && std::io::stderr().is_terminal(), last: Instant::now() }
+    }
+    fn update(&mut self, done: usize) {
+        if !self.enabled || (self.last.elapsed() < Duration::from_millis(100) && done < self.total) {
+            return;
+        }
+        self.last = Instant::now();
+        let width = 30;
+        let filled = done * width / self.total.max(1);
+        eprint!("\r  {:<8} [{}{}] {done}/{}", self.label, "#".repeat(filled), ".".repeat(width - filled), self.total);
+        let _ = std::io::stderr().flush();
+    }
+    fn finish(&self) {
+        if self.enabled {
+            eprint!("\r{}\r", " ".repeat(60));
+        }
+    }
+}
+
+#[derive(Default, Clone)]
+struct PhaseResult {
+    name: String,
+    ops: usize,
+    bytes: u64,
     seconds: f64,
+    cpu_seconds: f64,
     latencies_ms: Vec<f64>,
 }
 
-fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)]) -> Result<Phase, String> {
-    let start = Instant::now();
-    for (id, blocks, keys) in jobs {
-        tier.submit(kind, *id, blocks, keys.clone()).map_err(|e| e.to_string())?;
+impl PhaseResult {
+    fn merge(&mut self, other: PhaseResult) {
+        self.name = other.name;
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+        self.seconds += other.seconds;
+        self.cpu_seconds += other.cpu_seconds;
+        self.latencies_ms.extend(other.latencies_ms);
     }
+    fn mib_s(&self) -> f64 {
+        self.bytes as f64 / (1024.0 * 1024.0) / self.seconds.max(1e-9)
+    }
+    fn cpu_per_gib(&self) -> Option<f64> {
+        (self.bytes > 0).then(|| self.cpu_seconds / (self.bytes as f64 / (1024.0 * 1024.0 * 1024.0)))
+    }
+}
+
+/// Runs jobs with at most `concurrency` in flight, refilling as results arrive.
+fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)], o: &Options, label: &str) -> Result<PhaseResult, String> {
+    let (cpu0, _) = rusage();
+    let start = Instant::now();
+    let mut submitted = 0;
     let mut latencies = Vec::with_capacity(jobs.len());
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut bytes = 0u64;
+    let mut progress = Progress::new(label, jobs.len(), o.json);
+    let deadline = Instant::now() + Duration::from_secs(3600);
     while latencies.len() < jobs.len() {
+        while submitted < jobs.len() && submitted - latencies.len() < o.concurrency {
+            let (id, blocks, keys) = &jobs[submitted];
+            // A rejected job still yields its failed result below.
+            let _ = tier.submit(kind, *id, blocks, keys.clone());
+            submitted += 1;
+        }
         for r in tier.poll(usize::MAX) {
             if !r.succeeded() {
-                return Err(format!("{:?} job {} failed: {}", kind, r.job_id, r.message));
+                return Err(format!("{label} job {} failed: {}", r.job_id, r.message));
             }
+            bytes += r.bytes;
             latencies.push(r.seconds * 1e3);
         }
+        progress.update(latencies.len());
         if Instant::now() > deadline {
-            return Err("jobs did not finish within 10 minutes".into());
+            return Err(format!("{label} jobs did not finish within an hour"));
         }
         let mut pfd = libc::pollfd { fd: tier.ready_fd(), events: libc::POLLIN, revents: 0 };
         unsafe { libc::poll(&mut pfd, 1, 100) };
     }
+    progress.finish();
     let seconds = start.elapsed().as_secs_f64();
     latencies.sort_by(|a, b| a.total_cmp(b));
-    Ok(Phase { seconds, latencies_ms: latencies })
+    Ok(PhaseResult { name: label.into(), ops: jobs.len(), bytes, seconds, cpu_seconds: rusage().0 - cpu0, latencies_ms: latencies })
+}
+
+/// Checks `present` and `absent` keys as one request, in batches of 256 per step; an op
+/// is one batch, its latency from the first lookup to the last verdict.
+fn run_exists(tier: &Tier, present: &[Vec<u8>], absent: &[Vec<u8>], request: u64) -> Result<PhaseResult, String> {
+    let (cpu0, _) = rusage();
+    let start = Instant::now();
+    let mut latencies = Vec::new();
+    let all: Vec<(&Vec<u8>, bool)> = present.iter().map(|k| (k, true)).chain(absent.iter().map(|k| (k, false))).collect();
+    for chunk in all.chunks(256) {
+        let t = Instant::now();
+        for (k, _) in chunk {
+            tier.lookup(request, k).map_err(|e| e.to_string())?;
+        }
+        tier.schedule_end().map_err(|e| e.to_string())?;
+        let mut pending: Vec<&(&Vec<u8>, bool)> = chunk.iter().collect();
+        while !pending.is_empty() {
+            let mut still = Vec::new();
+            for item in pending {
+                match tier.lookup(request, item.0).map_err(|e| e.to_string())? {
+                    LookupResult::Retry => still.push(item),
+                    LookupResult::Hit if item.1 => {}
+                    LookupResult::Miss if !item.1 => {}
+                    other => return Err(format!("lookup answered {other:?} for a key that is {}", if item.1 { "present" } else { "absent" })),
+                }
+            }
+            pending = still;
+            if !pending.is_empty() {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            if t.elapsed() > Duration::from_secs(120) {
+                return Err("lookups did not resolve within 2 minutes".into());
+            }
+        }
+        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    tier.request_finished(request);
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    Ok(PhaseResult {
+        name: "exists".into(),
+        ops: latencies.len(),
+        bytes: 0,
+        seconds: start.elapsed().as_secs_f64(),
+        cpu_seconds: rusage().0 - cpu0,
+        latencies_ms: latencies,
+    })
 }
 
 fn bench(o: &Options) -> Result<(), String> {
-    let temp_dir;
-    let config = match &o.config {
-        Some(c) => c.clone(),
-        None => {
-            temp_dir = std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()));
-            serde_json::json!({"store": {"type": "local", "path": temp_dir}}).to_string()
-        }
+    let temp_dir = std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()));
+    let mut config: serde_json::Value = match &o.config {
+        Some(c) => serde_json::from_str(c).map_err(|e| format!("--config is not JSON: {e}"))?,
+        None => serde_json::json!({"store": {"type": "local", "path": temp_dir}}),
     };
-    let result = bench_with(o, &config);
+    let object = config.as_object_mut().ok_or("--config must be a JSON object")?;
+    object.entry("max_inflight_transfers").or_insert(serde_json::json!(o.concurrency.max(1)));
+    if !o.checksums {
+        object.insert("checksums".into(), serde_json::json!(false));
+    }
+    let result = bench_with(o, &config.to_string());
     if o.config.is_none() {
-        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&temp_dir);
     }
     result
 }
@@ -184,102 +339,125 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     let n = o.blocks;
     let bs = o.block_size;
     let mut pool = vec![0u8; 2 * n * bs];
-    fill(&mut pool[..n * bs], 0x5eed);
+    fill(&mut pool, 0x5eed);
     unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }.map_err(|e| e.to_string())?;
-    let salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let keys: Vec<Vec<u8>> = (0..n as u64).map(|i| key_for(i, salt)).collect();
-
-    // Store blocks 0..n.
-    let jobs: Vec<(u64, Vec<u64>, KeyBatch)> = (0..n)
-        .step_by(o.keys_per_job)
-        .enumerate()
-        .map(|(j, first)| {
-            let ids: Vec<u64> = (first..(first + o.keys_per_job).min(n)).map(|b| b as u64).collect();
-            let batch = KeyBatch::from_keys(&ids.iter().map(|&b| keys[b as usize].clone()).collect::<Vec<_>>()).unwrap();
-            (j as u64, ids, batch)
-        })
-        .collect();
-    let store = run_jobs(&tier, JobKind::Store, &jobs)?;
-
-    // Look up every stored key and as many absent ones: one request, one step.
-    let absent: Vec<Vec<u8>> = (0..n as u64).map(|i| key_for(i, !salt)).collect();
-    let lookup_start = Instant::now();
-    for k in keys.iter().chain(&absent) {
-        tier.lookup(1, k).map_err(|e| e.to_string())?;
-    }
-    tier.schedule_end().map_err(|e| e.to_string())?;
-    let (mut hits, mut misses) = (0usize, 0usize);
-    let mut pending: Vec<&Vec<u8>> = keys.iter().chain(&absent).collect();
-    while !pending.is_empty() {
-        let mut still = Vec::new();
-        for k in pending {
-            match tier.lookup(1, k).map_err(|e| e.to_string())? {
-                LookupResult::Hit => hits += 1,
-                LookupResult::Miss => misses += 1,
-                LookupResult::Retry => still.push(k),
+    let (_, rss_start) = rusage();
+    let slot_of = |i: usize| -> usize { n + (i * 7919 + 13) % n };
+    let mut phases: Vec<PhaseResult> = Vec::new();
+    let mut verified = 0usize;
+    let mut job_id = 0u64;
+    for round in 0..o.repeat {
+        let salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            ^ round as u64;
+        let keys: Vec<Vec<u8>> = (0..n as u64).map(|i| key_for(i, salt)).collect();
+        let mut make_jobs = |slot: &dyn Fn(usize) -> usize| -> Vec<(u64, Vec<u64>, KeyBatch)> {
+            (0..n)
+                .step_by(o.keys_per_job)
+                .map(|first| {
+                    let range = first..(first + o.keys_per_job).min(n);
+                    let ids: Vec<u64> = range.clone().map(|b| slot(b) as u64).collect();
+                    let batch = KeyBatch::from_keys(&keys[range]).expect("keys have one length");
+                    job_id += 1;
+                    (job_id, ids, batch)
+                })
+                .collect()
+        };
+        let store_jobs = make_jobs(&|i| i);
+        let load_jobs = make_jobs(&slot_of);
+        for (index, phase) in o.workload.iter().enumerate() {
+            let result = match phase.as_str() {
+                "store" => run_jobs(&tier, JobKind::Store, &store_jobs, o, "store")?,
+                "load" => {
+                    pool[n * bs..].fill(0);
+                    run_jobs(&tier, JobKind::Load, &load_jobs, o, "load")?
+                }
+                "exists" => {
+                    let absent: Vec<Vec<u8>> = (0..n as u64).map(|i| key_for(i, !salt)).collect();
+                    run_exists(&tier, &keys, &absent, (round * 100 + index) as u64)?
+                }
+                _ => {
+                    for i in 0..n {
+                        let s = slot_of(i);
+                        if pool[i * bs..(i + 1) * bs] != pool[s * bs..(s + 1) * bs] {
+                            return Err(format!("block {i} differs from slot {s} after the round trip"));
+                        }
+                    }
+                    verified += n;
+                    continue;
+                }
+            };
+            match phases.iter_mut().find(|p| p.name == result.name) {
+                Some(existing) => existing.merge(result),
+                None => phases.push(result),
             }
         }
-        pending = still;
-        if !pending.is_empty() {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        if lookup_start.elapsed() > Duration::from_secs(120) {
-            return Err("lookups did not resolve within 2 minutes".into());
-        }
     }
-    let lookup_ms = lookup_start.elapsed().as_secs_f64() * 1e3;
-    tier.request_finished(1);
-    if hits != n || misses != n {
-        return Err(format!("lookups: {hits} hits and {misses} misses; expected {n} of each"));
-    }
-
-    // Load key i into slot n + (i * 7919) % n (a permutation when gcd(7919, n) = 1, else shifted).
-    let slot_of = |i: usize| -> usize { n + if n % 7919 == 0 { i } else { (i * 7919) % n } };
-    let load_jobs: Vec<(u64, Vec<u64>, KeyBatch)> = jobs
-        .iter()
-        .map(|(j, ids, batch)| (j + jobs.len() as u64, ids.iter().map(|&b| slot_of(b as usize) as u64).collect(), batch.clone()))
-        .collect();
-    let load = run_jobs(&tier, JobKind::Load, &load_jobs)?;
-    let mut bad = 0;
-    for i in 0..n {
-        let s = slot_of(i);
-        if pool[i * bs..(i + 1) * bs] != pool[s * bs..(s + 1) * bs] {
-            bad += 1;
-        }
-    }
-    if bad > 0 {
-        return Err(format!("{bad} of {n} blocks differ after the round trip"));
-    }
+    let (_, rss_end) = rusage();
     tier.shutdown();
+    for p in &mut phases {
+        p.latencies_ms.sort_by(|a, b| a.total_cmp(b));
+    }
+    print_report(o, &phases, verified, rss_start, rss_end, &tier);
+    Ok(())
+}
 
-    let mib = (n * bs) as f64 / (1024.0 * 1024.0);
-    let mut all: Vec<f64> = store.latencies_ms.iter().chain(&load.latencies_ms).copied().collect();
-    all.sort_by(|a, b| a.total_cmp(b));
+fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start: u64, rss_end: u64, tier: &Tier) {
+    let stats = tier.stats();
     if o.json {
+        let rows: Vec<serde_json::Value> = phases
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "phase": p.name, "ops": p.ops, "bytes": p.bytes, "seconds": p.seconds,
+                    "mib_s": p.mib_s(), "ops_s": p.ops as f64 / p.seconds.max(1e-9),
+                    "p50_ms": percentile(&p.latencies_ms, 0.5), "p90_ms": percentile(&p.latencies_ms, 0.9),
+                    "p99_ms": percentile(&p.latencies_ms, 0.99), "cpu_seconds": p.cpu_seconds,
+                    "cpu_s_per_gib": p.cpu_per_gib(),
+                })
+            })
+            .collect();
         println!(
             "{}",
             serde_json::json!({
-                "blocks": n, "block_bytes": bs, "keys_per_job": o.keys_per_job, "mib": mib,
-                "store_mib_s": mib / store.seconds, "load_mib_s": mib / load.seconds,
-                "store_p50_ms": percentile(&store.latencies_ms, 0.5), "store_p99_ms": percentile(&store.latencies_ms, 0.99),
-                "load_p50_ms": percentile(&load.latencies_ms, 0.5), "load_p99_ms": percentile(&load.latencies_ms, 0.99),
-                "lookup_keys": 2 * n, "lookup_ms": lookup_ms, "verified_blocks": n,
+                "blocks": o.blocks, "block_bytes": o.block_size, "keys_per_job": o.keys_per_job,
+                "concurrency": o.concurrency, "repeat": o.repeat, "checksums": o.checksums,
+                "phases": rows, "verified_blocks": verified,
+                "peak_rss_kib_after_setup": rss_start, "peak_rss_kib_end": rss_end,
+                "corrupt_blocks": stats.corrupt_blocks, "existence_checks": stats.existence_checks,
             })
         );
-    } else {
-        println!("kvtier bench: {n} blocks of {} KiB ({mib:.0} MiB), {} keys per job", bs / 1024, o.keys_per_job);
-        println!("  phase    MiB/s    job p50 ms  job p99 ms");
-        for (name, phase) in [("store", &store), ("load", &load)] {
-            println!(
-                "  {name:<6} {:>8.1}  {:>10.2}  {:>10.2}",
-                mib / phase.seconds,
-                percentile(&phase.latencies_ms, 0.5),
-                percentile(&phase.latencies_ms, 0.99)
-            );
-        }
-        println!("  all jobs: p50 {:.2} ms, p99 {:.2} ms", percentile(&all, 0.5), percentile(&all, 0.99));
-        println!("  lookups: {} keys ({hits} hit, {misses} miss) resolved in {lookup_ms:.1} ms", 2 * n);
-        println!("  verified: {n} of {n} blocks byte-exact after the round trip");
+        return;
     }
-    Ok(())
+    println!(
+        "kvtier bench: {} blocks of {} KiB x {} round(s), {} key(s) per job, {} jobs in flight, checksums {}",
+        o.blocks,
+        o.block_size / 1024,
+        o.repeat,
+        o.keys_per_job,
+        o.concurrency,
+        if o.checksums { "on" } else { "off" }
+    );
+    println!("  {:<7} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}", "phase", "ops", "MiB/s", "ops/s", "p50 ms", "p90 ms", "p99 ms", "CPU-s/GiB");
+    for p in phases {
+        let mib = if p.bytes > 0 { format!("{:.1}", p.mib_s()) } else { "-".into() };
+        let cpu = p.cpu_per_gib().map_or("-".into(), |c| format!("{c:.3}"));
+        println!(
+            "  {:<7} {:>6} {:>9} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>10}",
+            p.name,
+            p.ops,
+            mib,
+            p.ops as f64 / p.seconds.max(1e-9),
+            percentile(&p.latencies_ms, 0.5),
+            percentile(&p.latencies_ms, 0.9),
+            percentile(&p.latencies_ms, 0.99),
+            cpu
+        );
+    }
+    if phases.iter().any(|p| p.name == "exists") {
+        println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
+    }
+    println!("  peak RSS: {} MiB after setup, {} MiB at the end", rss_start / 1024, rss_end / 1024);
+    if verified > 0 {
+        println!("  verified: {verified} of {verified} blocks byte-exact after the round trip");
+    }
 }
