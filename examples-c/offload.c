@@ -21,8 +21,7 @@
 enum { NUM_BLOCKS = 8, BLOCK_BYTES = 16 * 1024, N = 4 };
 
 /* Waits up to 10 s for one job's result. The event fd is readable while results are
- * queued (it may turn readable a moment before the result can be taken: use it
- * level-triggered, and keep polling until a deadline rather than a number of tries). */
+ * queued, so it works with poll(2), select(2) and level- or edge-triggered epoll. */
 static int wait_for(kvt_tier *tier, uint64_t job_id)
 {
     struct pollfd pfd = {0};

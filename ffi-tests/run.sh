@@ -121,6 +121,8 @@ step dlopen-test g++ -std=c++17 "${CFLAGS_COMMON[@]}" "$ROOT/ffi-tests/dlopen_te
 step hpp-linked-test g++ -std=c++17 "${CFLAGS_COMMON[@]}" -DKVTIER_HPP_TEST_LINKED \
     "$ROOT/ffi-tests/dlopen_test.cpp" -o "$BUILD/hpp_linked_test" "${LINK[@]}"
 step example gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/offload.c" -o "$BUILD/offload" "${LINK[@]}"
+step example-lookups gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/lookups_events.c" \
+    -o "$BUILD/lookups_events" "${LINK[@]}"
 
 if readelf -d "$BUILD/dlopen_test" | grep -q 'libkvtier'; then
     echo "dlopen_test must not link libkvtier:"
@@ -130,6 +132,26 @@ if readelf -d "$BUILD/dlopen_test" | grep -q 'libkvtier'; then
 fi
 
 # ---- runs -----------------------------------------------------------------------------
+# ABI identity: the SONAME carries the major version, dlclose() cannot unmap the library,
+# and the dynamic symbol table exports the kvt_ API only. object_store's crc-fast
+# dependency builds with its C-API feature on (a default feature we cannot turn off from
+# here), so its crc_fast_ symbols are exported too; anything else fails this check.
+check_exports() {
+    readelf -d "$LIB" | grep -q 'SONAME.*libkvtier\.so\.0' || { echo "SONAME is not libkvtier.so.0"; return 1; }
+    readelf -d "$LIB" | grep -q 'NODELETE' || { echo "library is not linked -z nodelete"; return 1; }
+    local unexpected
+    unexpected=$(nm -D --defined-only "$LIB" | awk '{print $3}' | grep -vE '^(kvt_|crc_fast_)' || true)
+    if [[ -n $unexpected ]]; then
+        echo "unexpected exported symbols:"
+        echo "$unexpected"
+        return 1
+    fi
+    local count
+    count=$(nm -D --defined-only "$LIB" | awk '{print $3}' | grep -c '^kvt_')
+    echo "exports: $count kvt_ functions; SONAME libkvtier.so.0; NODELETE"
+}
+run abi-identity check_exports
+
 run harness-c "$BUILD/harness"
 
 # The Rust library is not instrumented; ASan still checks the harness's own accesses,
@@ -158,6 +180,7 @@ fi
 run dlopen-test "$BUILD/dlopen_test" "$LIB"
 run hpp-linked-test "$BUILD/hpp_linked_test"
 run example "$BUILD/offload"
+run example-lookups "$BUILD/lookups_events"
 
 # ---- summary --------------------------------------------------------------------------
 echo
