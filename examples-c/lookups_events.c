@@ -76,10 +76,10 @@ int main(void)
 
     /* Verdicts are cached until the request finishes: asking again costs no I/O. */
     kvt_stats before, after;
-    kvt_tier_stats(tier, &before);
+    kvt_tier_stats(tier, &before, sizeof before);
     kvt_tier_lookup(tier, 7, stored, KEY, &hit);
     kvt_tier_schedule_end(tier);
-    kvt_tier_stats(tier, &after);
+    kvt_tier_stats(tier, &after, sizeof after);
     ok &= after.existence_checks == before.existence_checks;
     kvt_tier_request_finished(tier, 7);
 

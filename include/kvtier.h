@@ -369,9 +369,13 @@ enum kvt_status kvt_tier_take_events(struct kvt_tier *tier,
                                      size_t capacity,
                                      size_t *out_count);
 
-// Copies the tier's counters into `*out_stats`. NULL `tier` or `out_stats` is
-// KVT_STATUS_NULL_ARGUMENT. Thread-safe.
-enum kvt_status kvt_tier_stats(struct kvt_tier *tier, struct kvt_stats *out_stats);
+// Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:
+// pass `sizeof(kvt_stats)`. Counters are only ever appended, so a caller built against
+// an older header gets the counters it knows and nothing is written past its struct.
+// NULL `tier` or `out_stats` is KVT_STATUS_NULL_ARGUMENT. Thread-safe.
+enum kvt_status kvt_tier_stats(struct kvt_tier *tier,
+                               struct kvt_stats *out_stats,
+                               size_t stats_size);
 
 // Computes vLLM's namespace string
 // `<model_name with / replaced by _>_<first 12 hex of SHA-256 of the field set>_r<rank>`

@@ -102,17 +102,19 @@ impl KeyLayout {
     }
 }
 
+/// Characters the object store client would percent-encode (so the server-side name
+/// would differ from vLLM's) or that cannot be part of a path segment.
+const FORBIDDEN_IN_SEGMENT: &[char] = &['\\', '{', '}', '^', '%', '`', '[', ']', '"', '<', '>', '~', '#', '|'];
+
 fn validate_segment(what: &str, segment: &str) -> Result<()> {
     let ok = segment != "."
         && segment != ".."
-        && segment
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'=' | b'+' | b'@' | b','));
+        && !segment.chars().any(|c| c.is_control() || FORBIDDEN_IN_SEGMENT.contains(&c));
     if ok {
         Ok(())
     } else {
         Err(Error::config(format!(
-            "{what} segment {segment:?} may only contain ASCII letters, digits and - _ . = + @ ,"
+            "{what} segment {segment:?} is not usable in an object name: no control characters, \".\", \"..\" or any of \\ {{ }} ^ % ` [ ] \" < > ~ # |"
         )))
     }
 }
@@ -176,8 +178,11 @@ mod tests {
         assert_eq!(split_key(&[1, 2, 3, 4, 5, 6]).unwrap_err().status, crate::error::Status::InvalidArgument);
         assert!(split_key(&[0u8; 69]).is_err());
         assert!(split_key(&[0u8; 68]).is_ok());
-        assert!(KeyLayout::new("a b", "").is_err());
         assert!(KeyLayout::new("ok", "..").is_err());
-        assert!(KeyLayout::new("ok", "x?y").is_err());
+        assert!(KeyLayout::new("ok", "x%y").is_err());
+        assert!(KeyLayout::new("ok", "x\ny").is_err());
+        // Model names vLLM turns into namespaces: spaces, colons, non-ASCII.
+        let layout = KeyLayout::new("", "org_módèl:v1 x_0123456789ab_r0").unwrap();
+        assert!(layout.base().starts_with("org_módèl:v1 x"));
     }
 }

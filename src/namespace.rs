@@ -22,9 +22,7 @@ fn write_value(value: &Value, out: &mut String) {
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Number(n) => {
             if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
-                // Python prints floats with repr(): always a dot or exponent.
-                let text = format!("{f:?}");
-                out.push_str(&text);
+                out.push_str(&python_float_repr(f));
             } else {
                 out.push_str(&n.to_string());
             }
@@ -54,6 +52,27 @@ fn write_value(value: &Value, out: &mut String) {
             }
             out.push('}');
         }
+    }
+}
+
+/// Python's `repr(float)`: the shortest digits that round-trip, positional for exponents
+/// from -4 to 15, else `d.ddde+XX` with at least two exponent digits.
+fn python_float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+    }
+    let sci = format!("{f:e}"); // shortest round-trip digits, e.g. "-1.25e-5"
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if (-4..16).contains(&exponent) {
+        let text = format!("{f}");
+        if text.contains('.') { text } else { format!("{text}.0") }
+    } else {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exponent.abs())
     }
 }
 
@@ -104,6 +123,17 @@ pub fn vllm_namespace(fields: &Value, rank: u32) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_float_repr_matches() {
+        // Values and their repr() in CPython 3.11.
+        for (f, text) in [
+            (1.0, "1.0"), (2.5, "2.5"), (1e16, "1e+16"), (1e-5, "1e-05"), (0.0001, "0.0001"),
+            (123456789012345.0, "123456789012345.0"), (1.5e300, "1.5e+300"), (-2.5e-7, "-2.5e-07"), (0.1, "0.1"),
+        ] {
+            assert_eq!(python_float_repr(f), text);
+        }
+    }
 
     #[test]
     fn python_json_escapes() {

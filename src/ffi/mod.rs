@@ -526,16 +526,20 @@ pub unsafe extern "C" fn kvt_tier_take_events(
     })
 }
 
-/// Copies the tier's counters into `*out_stats`. NULL `tier` or `out_stats` is
-/// KVT_STATUS_NULL_ARGUMENT. Thread-safe.
+/// Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:
+/// pass `sizeof(kvt_stats)`. Counters are only ever appended, so a caller built against
+/// an older header gets the counters it knows and nothing is written past its struct.
+/// NULL `tier` or `out_stats` is KVT_STATUS_NULL_ARGUMENT. Thread-safe.
 #[no_mangle]
-pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut StatsSnapshot) -> Status {
+pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut StatsSnapshot, stats_size: usize) -> Status {
     guard("kvt_tier_stats", || {
         let handle = check_tier(tier)?;
         if out_stats.is_null() {
             return Err(Error::new(Status::NullArgument, "out_stats is NULL"));
         }
-        *out_stats = handle.tier.stats();
+        let stats = handle.tier.stats();
+        let n = stats_size.min(std::mem::size_of::<StatsSnapshot>());
+        std::ptr::copy_nonoverlapping(&stats as *const StatsSnapshot as *const u8, out_stats as *mut u8, n);
         Ok(())
     })
 }

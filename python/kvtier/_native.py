@@ -1,0 +1,200 @@
+"""Loading ``libkvtier`` and declaring its C ABI for ctypes.
+
+Everything here mirrors ``include/kvtier.h`` one to one: the structs, the enums (as
+plain ints) and the prototypes. The library is found, in order:
+
+1. ``KVTIER_LIBRARY`` (an explicit path; nothing else is tried when it is set);
+2. the copy bundled in this package by ``pip install`` (``kvtier/libkvtier.so``);
+3. the Cargo build of the source tree this package sits in
+   (``<repo>/target/release/libkvtier.so``, or under ``CARGO_TARGET_DIR``), so that
+   ``PYTHONPATH=python`` works in a checkout without installing.
+
+The library is loaded on first use, not at import, so ``import kvtier`` never fails
+for want of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from pathlib import Path
+
+#: Major and minor version of the C ABI this binding was written against.
+ABI_VERSION = (0, 1)
+
+if sys.platform == "darwin":
+    LIBRARY_FILE = "libkvtier.dylib"
+elif sys.platform == "win32":
+    LIBRARY_FILE = "kvtier.dll"
+else:
+    LIBRARY_FILE = "libkvtier.so"
+
+# ---------------------------------------------------------------------------------------
+# Structs (field order and types exactly as in kvtier.h; C enums are int-sized).
+
+c_status = ctypes.c_int
+
+
+class KvtResult(ctypes.Structure):
+    _fields_ = [
+        ("job_id", ctypes.c_uint64),
+        ("kind", ctypes.c_int),
+        ("status", c_status),
+        ("bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("num_keys", ctypes.c_size_t),
+        ("num_failed_keys", ctypes.c_size_t),
+        ("key_status", ctypes.POINTER(c_status)),
+        ("message", ctypes.c_char_p),
+    ]
+
+
+class KvtEvent(ctypes.Structure):
+    _fields_ = [
+        ("job_id", ctypes.c_uint64),
+        ("keys", ctypes.POINTER(ctypes.c_uint8)),
+        ("key_len", ctypes.c_size_t),
+        ("num_keys", ctypes.c_size_t),
+        ("medium", ctypes.c_char_p),
+        ("locality", ctypes.c_int),
+    ]
+
+
+#: Counters of ``kvt_stats``, in header order.
+STATS_FIELDS = (
+    "keys_stored",
+    "keys_loaded",
+    "bytes_stored",
+    "bytes_loaded",
+    "keys_failed",
+    "existence_checks",
+    "existence_check_errors",
+    "corrupt_blocks",
+    "dedup_known",
+    "dedup_joined",
+    "dedup_already_stored",
+)
+
+
+class KvtStats(ctypes.Structure):
+    # kvt_tier_stats writes at most the size it is given: counters a newer library
+    # appends are simply not copied.
+    _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
+
+
+tier_p = ctypes.c_void_p  # opaque `kvt_tier *`
+
+_PROTOTYPES = {
+    "kvt_version": (ctypes.c_char_p, []),
+    "kvt_status_str": (ctypes.c_char_p, [ctypes.c_int]),
+    "kvt_last_error": (ctypes.c_char_p, []),
+    "kvt_tier_new": (c_status, [ctypes.c_char_p, ctypes.POINTER(tier_p)]),
+    "kvt_tier_register_memory": (c_status, [tier_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]),
+    "kvt_tier_submit_store": (
+        c_status,
+        [tier_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t],
+    ),
+    "kvt_tier_submit_load": (
+        c_status,
+        [tier_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t],
+    ),
+    "kvt_tier_poll": (c_status, [tier_p, ctypes.POINTER(KvtResult), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "kvt_tier_event_fd": (ctypes.c_int, [tier_p]),
+    "kvt_tier_jobs_in_flight": (ctypes.c_size_t, [tier_p]),
+    "kvt_tier_drain": (c_status, [tier_p, ctypes.c_uint64]),
+    "kvt_tier_shutdown": (c_status, [tier_p]),
+    "kvt_tier_free": (None, [tier_p]),
+    "kvt_tier_lookup": (
+        c_status,
+        [tier_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)],
+    ),
+    "kvt_tier_schedule_end": (c_status, [tier_p]),
+    "kvt_tier_request_finished": (c_status, [tier_p, ctypes.c_uint64]),
+    "kvt_tier_take_events": (
+        c_status,
+        [tier_p, ctypes.POINTER(KvtEvent), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "kvt_tier_stats": (c_status, [tier_p, ctypes.POINTER(KvtStats), ctypes.c_size_t]),
+    "kvt_vllm_namespace": (
+        c_status,
+        [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
+}
+
+# ---------------------------------------------------------------------------------------
+# Finding and loading the library.
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_lib_path: str | None = None
+
+
+def candidate_paths() -> list[Path]:
+    """Where the library is looked for, in order (see the module docstring)."""
+    explicit = os.environ.get("KVTIER_LIBRARY")
+    if explicit:
+        return [Path(explicit)]
+    here = Path(__file__).resolve().parent
+    paths = [here / LIBRARY_FILE]
+    target_dir = os.environ.get("CARGO_TARGET_DIR")
+    if target_dir:
+        paths.append(Path(target_dir) / "release" / LIBRARY_FILE)
+    repo = here.parent.parent  # python/kvtier -> python -> repository root
+    paths.append(repo / "target" / "release" / LIBRARY_FILE)
+    return paths
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def load() -> ctypes.CDLL:
+    """The loaded library (loaded and checked on the first call)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in candidate_paths():
+            if not path.is_file():
+                tried.append(f"{path} (not found)")
+                continue
+            try:
+                lib = ctypes.CDLL(str(path))
+                _declare(lib)
+            except (OSError, AttributeError) as exc:
+                tried.append(f"{path} ({exc})")
+                if os.environ.get("KVTIER_LIBRARY"):
+                    break
+                continue
+            version = lib.kvt_version().decode()
+            major, minor = (int(part) for part in version.split(".")[:2])
+            if (major, minor) != ABI_VERSION:
+                raise OSError(
+                    f"{path} is libkvtier {version}, but this kvtier package needs "
+                    f"{ABI_VERSION[0]}.{ABI_VERSION[1]}.x; reinstall the package or point "
+                    "KVTIER_LIBRARY at a matching build"
+                )
+            _lib, _lib_path = lib, str(path)
+            return lib
+        hint = (
+            "KVTIER_LIBRARY is set but unusable"
+            if os.environ.get("KVTIER_LIBRARY")
+            else "install the package with `pip install ./python` (it builds and bundles the "
+            "library), build it with `cargo build --release --lib`, or set KVTIER_LIBRARY"
+        )
+        raise OSError(f"cannot load {LIBRARY_FILE}: tried " + "; ".join(tried) + f". {hint}")
+
+
+def library_path() -> str:
+    """Path of the library in use (loading it if needed)."""
+    load()
+    assert _lib_path is not None
+    return _lib_path
