@@ -171,6 +171,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// CPU seconds used by the calling thread alone.
+fn thread_cpu() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
 /// Client CPU seconds (user + system) and peak RSS in KiB, from getrusage.
 fn rusage() -> (f64, u64) {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -214,16 +221,25 @@ struct PhaseResult {
     bytes: u64,
     seconds: f64,
     cpu_seconds: f64,
+    /// CPU the caller's thread spent inside submit and poll.
+    caller_seconds: f64,
+    keys: usize,
     latencies_ms: Vec<f64>,
 }
 
 impl PhaseResult {
+    fn caller_us_per_key(&self) -> Option<f64> {
+        (self.keys > 0).then(|| self.caller_seconds * 1e6 / self.keys as f64)
+    }
+
     fn merge(&mut self, other: PhaseResult) {
         self.name = other.name;
         self.ops += other.ops;
         self.bytes += other.bytes;
         self.seconds += other.seconds;
         self.cpu_seconds += other.cpu_seconds;
+        self.caller_seconds += other.caller_seconds;
+        self.keys += other.keys;
         self.latencies_ms.extend(other.latencies_ms);
     }
     fn mib_s(&self) -> f64 {
@@ -243,14 +259,18 @@ fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)], o: &
     let mut bytes = 0u64;
     let mut progress = Progress::new(label, jobs.len(), o.json);
     let deadline = Instant::now() + Duration::from_secs(3600);
+    let mut caller_seconds = 0.0;
     while latencies.len() < jobs.len() {
+        let t0 = thread_cpu();
         while submitted < jobs.len() && submitted - latencies.len() < o.concurrency {
             let (id, blocks, keys) = &jobs[submitted];
             // A rejected job still yields its failed result below.
             let _ = tier.submit(kind, *id, blocks, keys.clone());
             submitted += 1;
         }
-        for r in tier.poll(usize::MAX) {
+        let results = tier.poll(usize::MAX);
+        caller_seconds += thread_cpu() - t0;
+        for r in results {
             if !r.succeeded() {
                 return Err(format!("{label} job {} failed: {}", r.job_id, r.message));
             }
@@ -267,7 +287,16 @@ fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)], o: &
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
     latencies.sort_by(|a, b| a.total_cmp(b));
-    Ok(PhaseResult { name: label.into(), ops: jobs.len(), bytes, seconds, cpu_seconds: rusage().0 - cpu0, latencies_ms: latencies })
+    Ok(PhaseResult {
+        name: label.into(),
+        ops: jobs.len(),
+        bytes,
+        seconds,
+        cpu_seconds: rusage().0 - cpu0,
+        caller_seconds,
+        keys: jobs.iter().map(|j| j.2.len()).sum(),
+        latencies_ms: latencies,
+    })
 }
 
 /// Checks `present` and `absent` keys as one request, in batches of 256 per step; an op
@@ -312,6 +341,8 @@ fn run_exists(tier: &Tier, present: &[Vec<u8>], absent: &[Vec<u8>], request: u64
         bytes: 0,
         seconds: start.elapsed().as_secs_f64(),
         cpu_seconds: rusage().0 - cpu0,
+        caller_seconds: 0.0,
+        keys: 0,
         latencies_ms: latencies,
     })
 }
@@ -412,7 +443,7 @@ fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start:
                     "mib_s": p.mib_s(), "ops_s": p.ops as f64 / p.seconds.max(1e-9),
                     "p50_ms": percentile(&p.latencies_ms, 0.5), "p90_ms": percentile(&p.latencies_ms, 0.9),
                     "p99_ms": percentile(&p.latencies_ms, 0.99), "cpu_seconds": p.cpu_seconds,
-                    "cpu_s_per_gib": p.cpu_per_gib(),
+                    "cpu_s_per_gib": p.cpu_per_gib(), "caller_us_per_key": p.caller_us_per_key(),
                 })
             })
             .collect();
@@ -437,12 +468,16 @@ fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start:
         o.concurrency,
         if o.checksums { "on" } else { "off" }
     );
-    println!("  {:<7} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}", "phase", "ops", "MiB/s", "ops/s", "p50 ms", "p90 ms", "p99 ms", "CPU-s/GiB");
+    println!(
+        "  {:<7} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>12}",
+        "phase", "ops", "MiB/s", "ops/s", "p50 ms", "p90 ms", "p99 ms", "CPU-s/GiB", "caller us/key"
+    );
     for p in phases {
         let mib = if p.bytes > 0 { format!("{:.1}", p.mib_s()) } else { "-".into() };
         let cpu = p.cpu_per_gib().map_or("-".into(), |c| format!("{c:.3}"));
+        let caller = p.caller_us_per_key().map_or("-".into(), |c| format!("{c:.2}"));
         println!(
-            "  {:<7} {:>6} {:>9} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>10}",
+            "  {:<7} {:>6} {:>9} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>10} {:>12}",
             p.name,
             p.ops,
             mib,
@@ -450,9 +485,11 @@ fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start:
             percentile(&p.latencies_ms, 0.5),
             percentile(&p.latencies_ms, 0.9),
             percentile(&p.latencies_ms, 0.99),
-            cpu
+            cpu,
+            caller
         );
     }
+    println!("  caller us/key: CPU of the calling thread inside submit + poll, per key moved");
     if phases.iter().any(|p| p.name == "exists") {
         println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
     }
