@@ -329,16 +329,7 @@ pub unsafe extern "C" fn kvt_tier_poll(
     out_count: *mut usize,
 ) -> Status {
     guard("kvt_tier_poll", || {
-        if !out_count.is_null() {
-            *out_count = 0;
-        }
-        let handle = check_tier(tier)?;
-        if out_count.is_null() {
-            return Err(Error::new(Status::NullArgument, "out_count is NULL"));
-        }
-        if out_results.is_null() && capacity > 0 {
-            return Err(Error::new(Status::NullArgument, "out_results is NULL"));
-        }
+        let handle = check_tier_and_outputs(tier, out_results, capacity, out_count)?;
         let mut scratch = handle.last_poll.lock().unwrap_or_else(|p| p.into_inner());
         scratch.key_status.clear();
         scratch.messages.clear();
@@ -498,13 +489,7 @@ pub unsafe extern "C" fn kvt_tier_take_events(
     out_count: *mut usize,
 ) -> Status {
     guard("kvt_tier_take_events", || {
-        if !out_count.is_null() {
-            *out_count = 0;
-        }
-        let handle = check_tier(tier)?;
-        if out_count.is_null() || (out_events.is_null() && capacity > 0) {
-            return Err(Error::new(Status::NullArgument, "out_count or out_events is NULL"));
-        }
+        let handle = check_tier_and_outputs(tier, out_events, capacity, out_count)?;
         let mut kept = handle.last_events.lock().unwrap_or_else(|p| p.into_inner());
         *kept = handle.tier.take_events(capacity);
         for (i, event) in kept.iter().enumerate() {
@@ -580,6 +565,27 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
         *out_buf.add(namespace.len()) = 0;
         Ok(())
     })
+}
+
+/// Checks the arguments of a function that fills a caller array: `*out_count` is reset to 0
+/// first, so it reads 0 on every error.
+unsafe fn check_tier_and_outputs<'a, T>(
+    tier: *mut kvt_tier,
+    out: *mut T,
+    capacity: usize,
+    out_count: *mut usize,
+) -> crate::Result<&'a kvt_tier> {
+    if !out_count.is_null() {
+        *out_count = 0;
+    }
+    let handle = check_tier(tier)?;
+    if out_count.is_null() {
+        return Err(Error::new(Status::NullArgument, "out_count is NULL"));
+    }
+    if out.is_null() && capacity > 0 {
+        return Err(Error::new(Status::NullArgument, "the output array is NULL with capacity > 0"));
+    }
+    Ok(handle)
 }
 
 pub(crate) fn status_of(result: crate::Result<()>) -> Status {
