@@ -1056,7 +1056,7 @@ static void test_config_errors(void)
         {"{\"store\":{\"type\":\"ftp\"}}", "ftp"},
         {"{\"store\":{\"type\":\"memory\"},\"runtime_threads\":0}", "runtime_threads"},
         {"{\"store\":{\"type\":\"memory\"},\"key_bytes\":3}", "key_bytes"},
-        {"{\"store\":{\"type\":\"memory\"},\"prefix\":\"a b\"}", "prefix"},
+        {"{\"store\":{\"type\":\"memory\"},\"prefix\":\"a|b\"}", "prefix"},
         {"{\"store\":{\"type\":\"memory\"},\"key_bytes\":\"36\"}", NULL},
     };
     size_t i;
