@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Runs every test of the project: the Rust unit and integration tests, the C/C++ harness
-# (plain, ASan+UBSan, C++, valgrind), the dlopen test and the C example, and the Python
-# contract tests. Installs what it needs first. Ends with "N passed, M failed" over suites.
+# Runs every test of the project: the Rust unit and integration tests (engine, integrity,
+# lookups, and the S3 suites against real s3s-fs and moto servers, with TLS, credentials and
+# fault injection), the C/C++ harness (plain, ASan+UBSan, C++, valgrind), the dlopen test and
+# the C examples, the Python contract tests, and the NIXL interop tests. Installs what it
+# needs first (scripts/install-tools.sh, cached in tools/). Ends with "N passed, M failed"
+# over suites.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,14 +25,11 @@ suite() {
     SUITES+=("$name ($((SECONDS - start)) s)")
 }
 
-if [[ -x scripts/install-tools.sh ]]; then
-    suite install-tools scripts/install-tools.sh
-fi
+suite install-tools scripts/install-tools.sh
 suite rust cargo test --release --no-fail-fast
 suite ffi bash ffi-tests/run.sh
-if [[ -d python/tests ]]; then
-    suite python scripts/test-python.sh
-fi
+suite python scripts/test-python.sh
+suite nixl-interop tools/venv/bin/python -m pytest tests/interop -q -p no:cacheprovider
 
 passed=0
 failed=0

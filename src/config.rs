@@ -339,6 +339,32 @@ impl S3Config {
                 "store.access_key and store.secret_key must be given together (or both left out to use the default credential chain)",
             ));
         }
+        if !self.session_token.is_empty() && self.access_key.is_empty() {
+            return Err(Error::config(
+                "store.session_token needs store.access_key and store.secret_key (the temporary credentials it belongs to)",
+            ));
+        }
+        for (name, value) in [("connect_timeout_ms", self.connect_timeout_ms), ("request_timeout_ms", self.request_timeout_ms)] {
+            if value == 0 {
+                return Err(Error::config(format!("store.{name} is 0; it must be at least 1 (milliseconds)")));
+            }
+        }
+        if self.max_retries > 100 {
+            return Err(Error::config(format!("store.max_retries is {}; it must be 0..=100", self.max_retries)));
+        }
+        if self.use_virtual_addressing {
+            let host = self.endpoint_override.split("://").last().unwrap_or_default();
+            let host = host.split('/').next().unwrap_or_default();
+            let bare = host.rsplit_once(':').map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host });
+            if bare.parse::<std::net::IpAddr>().is_ok() || bare.starts_with('[') {
+                return Err(Error::config(format!(
+                    "store.use_virtual_addressing needs a DNS name in endpoint_override (the bucket becomes part of the host name), not the IP address {bare}; use path-style addressing (false)"
+                )));
+            }
+        }
+        if !self.ca_bundle.is_empty() && self.scheme.as_deref() == Some("http") && !self.endpoint_override.contains("://") {
+            log::warn!("store.ca_bundle is set but store.scheme is http: the CA bundle is unused");
+        }
         Ok(())
     }
 }
@@ -417,5 +443,50 @@ mod tests {
         assert!(e.message.contains("bucket"));
         let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","access_key":"x"}}"#).unwrap_err();
         assert!(e.message.contains("together"));
+    }
+
+    #[test]
+    fn s3_defaults_and_vllm_store_config_keys() {
+        // A vLLM obj-tier store_config pasted as is (all strings, NIXL's num_threads).
+        let c = TierConfig::from_json(
+            r#"{"store":{"type":"s3","bucket":"kv","endpoint_override":"minio.local:9000","scheme":"http",
+                "access_key":"AKIDEXAMPLE","secret_key":"s3cret-value","session_token":"","region":"",
+                "ca_bundle":"","use_virtual_addressing":"false","req_checksum":"required","resp_checksum":"supported",
+                "num_threads":"4"}}"#,
+        )
+        .unwrap();
+        let StoreConfig::S3(s3) = c.store else { panic!("expected s3") };
+        assert_eq!(s3.scheme.as_deref(), Some("http"));
+        assert!(!s3.use_virtual_addressing);
+        assert_eq!(s3.resp_checksum, Some(ChecksumPolicy::Supported));
+        // Defaults of kvtier's own keys.
+        let c = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"kv"}}"#).unwrap();
+        let StoreConfig::S3(s3) = c.store else { panic!("expected s3") };
+        assert_eq!((s3.connect_timeout_ms, s3.request_timeout_ms, s3.max_retries), (5_000, 30_000, 5));
+        assert!(!s3.payload_signing && s3.allow_http && !s3.use_virtual_addressing);
+        assert_eq!(s3.scheme, None, "no scheme: https unless endpoint_override carries one");
+    }
+
+    #[test]
+    fn s3_value_checks() {
+        let bad = |store: &str| TierConfig::from_json(&format!(r#"{{"store":{{"type":"s3","bucket":"b",{store}}}}}"#)).unwrap_err();
+        let e = bad(r#""request_timeout_ms":0"#);
+        assert!(e.message.contains("request_timeout_ms"), "{}", e.message);
+        let e = bad(r#""connect_timeout_ms":0"#);
+        assert!(e.message.contains("connect_timeout_ms"), "{}", e.message);
+        let e = bad(r#""max_retries":1000"#);
+        assert!(e.message.contains("max_retries"), "{}", e.message);
+        let e = bad(r#""session_token":"tok-secret-123""#);
+        assert!(e.message.contains("session_token") && !e.message.contains("tok-secret-123"), "{}", e.message);
+        let e = bad(r#""use_virtual_addressing":true,"endpoint_override":"127.0.0.1:9000""#);
+        assert!(e.message.contains("DNS name"), "{}", e.message);
+        let e = bad(r#""use_virtual_addressing":"yes","endpoint_override":"http://10.0.0.1""#);
+        assert!(e.message.contains("DNS name"), "{}", e.message);
+        assert!(TierConfig::from_json(
+            r#"{"store":{"type":"s3","bucket":"b","use_virtual_addressing":true,"endpoint_override":"https://s3.example.com:9000"}}"#
+        )
+        .is_ok());
+        let e = bad(r#""payload_signing":"maybe""#);
+        assert!(e.message.contains("boolean"), "{}", e.message);
     }
 }

@@ -929,14 +929,8 @@ async fn run_job(
 }
 
 fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
-    let status = store::classify(e);
-    let status = if status == Status::Io && is_range_error(e) { Status::LengthMismatch } else { status };
-    Error::new(status, format!("{op} {name}: {}", store::error_chain(e)))
-}
-
-fn is_range_error(e: &object_store::Error) -> bool {
-    let text = store::error_chain(e);
-    text.contains("Requested range was invalid") || text.contains("416") || text.contains("InvalidRange")
+    // classify maps a 416 / InvalidRange answer to LengthMismatch itself.
+    Error::new(store::classify(e), format!("{op} {name}: {}", store::error_chain(e)))
 }
 
 async fn load_block(shared: &Shared, name: &Path, pool: &HostPool, block: u64) -> Result<()> {
@@ -1058,7 +1052,9 @@ async fn choose_dedup(store: &DynStore, layout: &KeyLayout, configured: Option<D
         return Ok(configured.unwrap_or(DedupMode::SkipKnown));
     }
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let path = Path::from(format!("{}/conditional-put-{}-{nonce}", layout.probe_name(), std::process::id()));
+    // Beside the probe key, never below it: on file-backed stores a child would turn the
+    // probe key into a directory.
+    let path = Path::from(format!("{}-conditional-put-{}-{nonce}", layout.probe_name(), std::process::id()));
     let create = || PutOptions { mode: PutMode::Create, ..Default::default() };
     let first = store.put_opts(&path, PutPayload::from_static(b"kvtier"), create()).await;
     let honoured = match first {
@@ -1097,7 +1093,7 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
             let name = shared.layout.object_name(&probe.key).map_err(|_| ())?;
-            exists(&shared.store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
+            store::exists(&shared.store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
                 shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!("existence check failed: {}", e.message);
             })
@@ -1122,17 +1118,4 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
     }))
     .await;
     per_group.into_iter().flatten().collect()
-}
-
-// TODO(lead): replace with store::exists once the S3 work lands.
-async fn exists(store: &DynStore, path: &Path, missing_is_forbidden: bool) -> Result<bool> {
-    use object_store::ObjectStoreExt;
-    match store.head(path).await {
-        Ok(_) => Ok(true),
-        Err(e) => match store::classify(&e) {
-            Status::NotFound => Ok(false),
-            Status::PermissionDenied if missing_is_forbidden => Ok(false),
-            status => Err(Error::new(status, format!("exists {path}: {}", store::error_chain(&e)))),
-        },
-    }
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what the S3 tests need into the project's tools/ directory. Idempotent: every
+# step checks first and does nothing when its tool is already there, so it is cheap to run
+# before every test run (CI included).
+#
+#   tools/bin/s3s-fs     s3s-fs 0.14.1 (cargo install, built once, then cached)
+#   tools/venv/          Python venv (sees the system site-packages) with pytest, numpy,
+#                        NIXL (nixl-cu12, no GPU needed) and, where the machine has none,
+#                        moto_server
+#   openssl              from Debian, if missing (the TLS tests make certificates with it)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOLS="$ROOT/tools"
+S3S_VERSION=0.14.1
+PYTHON=${PYTHON:-python3}
+
+say() { echo "install-tools: $*" >&2; }
+
+# s3s-fs ---------------------------------------------------------------------------------
+if [[ -x "$TOOLS/bin/s3s-fs" ]] && "$TOOLS/bin/s3s-fs" --version 2>/dev/null | grep -qx "s3s-fs $S3S_VERSION"; then
+    :
+else
+    say "building s3s-fs $S3S_VERSION into $TOOLS (once; takes a few minutes)"
+    cargo install "s3s-fs@$S3S_VERSION" --features binary --locked --root "$TOOLS"
+fi
+
+# Python venv ----------------------------------------------------------------------------
+if [[ ! -x "$TOOLS/venv/bin/python" ]]; then
+    say "creating $TOOLS/venv"
+    "$PYTHON" -m venv --system-site-packages "$TOOLS/venv"
+fi
+VPY="$TOOLS/venv/bin/python"
+has() { "$VPY" -c "import $1" >/dev/null 2>&1; }
+pip_install() { say "pip install $*"; "$VPY" -m pip install --quiet --disable-pip-version-check "$@"; }
+
+if ! command -v moto_server >/dev/null 2>&1 && [[ ! -x "$TOOLS/venv/bin/moto_server" ]]; then
+    pip_install "moto[server]>=5.1,<6"
+fi
+has pytest || pip_install "pytest>=8"
+has numpy || pip_install numpy
+# NIXL's Python API with its OBJ (S3) plugin; its CUDA dependencies are not needed here.
+has nixl_cu12._api || pip_install --no-deps nixl-cu12
+
+# openssl --------------------------------------------------------------------------------
+if ! command -v openssl >/dev/null 2>&1; then
+    say "installing openssl"
+    apt-get update -qq && apt-get install -y -qq openssl
+fi
+
+say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version)"

@@ -1,0 +1,278 @@
+//! Faults between kvtier and a real S3 server (s3s-fs), injected by the project's own
+//! proxy (`support::proxy`): dropped connections, delays, 500/503 answers, cut and short
+//! bodies, and the server killed mid-job and restarted.
+//!
+//! Every test counts: each job yields exactly one result (none lost, none twice), and no
+//! key reports success with wrong bytes.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvtier::{JobKind, JobResult, Status, Tier};
+use serde_json::json;
+use support::proxy::{Fault, Proxy, RequestInfo};
+use support::*;
+
+const BLOCK: usize = 32 * 1024;
+
+struct Rig {
+    srv: Server,
+    proxy: Proxy,
+    bucket: String,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let srv = Server::s3s_fs();
+        let proxy = Proxy::start(srv.port());
+        let bucket = srv.new_bucket();
+        Rig { srv, proxy, bucket }
+    }
+
+    /// A tier talking to the server through the proxy.
+    fn tier(&self, store_extra: serde_json::Value, top_extra: serde_json::Value) -> Tier {
+        let mut store = with(self.srv.store_json(&self.bucket), "endpoint_override", json!(self.proxy.endpoint()));
+        for (k, v) in store_extra.as_object().unwrap() {
+            store[k] = v.clone();
+        }
+        Tier::from_json(&tier_json(store, top_extra)).unwrap_or_else(|e| panic!("tier start: {e}"))
+    }
+
+    fn restart_server(&self) {
+        self.srv.start();
+        self.proxy.set_upstream(self.srv.port());
+    }
+}
+
+/// A deterministic "1 in n" choice by request number (a hash of it, so faults spread).
+fn one_in(n: u64, salt: u64) -> impl Fn(&RequestInfo) -> bool {
+    move |r: &RequestInfo| r.seq > 0 && ((r.seq ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % n == 0
+}
+
+/// Checks every successful load key against the block it was stored from.
+fn assert_loaded_bytes(pool: &Pool, r: &JobResult, slots: &[u64], sources: &[u64]) {
+    assert_eq!(r.key_status.len(), slots.len(), "one status per key");
+    for ((status, slot), source) in r.key_status.iter().zip(slots).zip(sources) {
+        if status.is_ok() {
+            assert!(pool.block(*slot) == pool.block(*source), "key of block {source} succeeded with wrong bytes in slot {slot}");
+        }
+    }
+}
+
+#[test]
+fn one_percent_5xx_and_slowdown_all_jobs_succeed() {
+    let rig = Rig::new();
+    let pick = one_in(100, 7);
+    rig.proxy.set_rule(move |r| {
+        if pick(r) {
+            Fault::Status(if r.seq % 2 == 0 { 500 } else { 503 })
+        } else {
+            Fault::Pass
+        }
+    });
+    let tier = rig.tier(json!({"max_retries": 4}), json!({"max_inflight_transfers": 16}));
+    let mut pool = Pool::new(256, BLOCK);
+    pool.fill_random(42);
+    pool.register(&tier);
+    // 32 store jobs of 4 keys, then 32 load jobs into the other half of the pool.
+    for job in 0..32u64 {
+        let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
+        tier.submit(JobKind::Store, job, &ids, keys(&ids)).unwrap();
+    }
+    let stores = wait_all(&tier, 32);
+    for (id, r) in &stores {
+        assert_eq!(r.status, Status::Ok, "store job {id} failed despite retries: {}", r.message);
+    }
+    for job in 0..32u64 {
+        let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
+        let slots: Vec<u64> = ids.iter().map(|i| 255 - i).collect();
+        tier.submit(JobKind::Load, 100 + job, &slots, keys(&ids)).unwrap();
+    }
+    let loads = wait_all(&tier, 32);
+    for job in 0..32u64 {
+        let r = &loads[&(100 + job)];
+        assert_eq!(r.status, Status::Ok, "load job {job} failed despite retries: {}", r.message);
+        let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
+        let slots: Vec<u64> = ids.iter().map(|i| 255 - i).collect();
+        assert_loaded_bytes(&pool, r, &slots, &ids);
+    }
+    let stats = rig.proxy.stats();
+    assert!(stats.faults("status") >= 2, "too few faults injected to prove anything: {stats:?}");
+    assert!(stats.requests >= 256, "{stats:?}");
+}
+
+#[test]
+fn connection_resets_and_cut_bodies_are_retried() {
+    let rig = Rig::new();
+    let (drop_pick, cut_pick) = (one_in(40, 3), one_in(40, 11));
+    rig.proxy.set_rule(move |r| {
+        if drop_pick(r) {
+            Fault::DropRequest
+        } else if r.method == "GET" && cut_pick(r) {
+            Fault::CutResponse
+        } else {
+            Fault::Pass
+        }
+    });
+    let tier = rig.tier(json!({"max_retries": 4}), json!({"max_inflight_transfers": 8}));
+    let mut pool = Pool::new(128, BLOCK);
+    pool.fill_random(5);
+    pool.register(&tier);
+    for job in 0..16u64 {
+        let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
+        tier.submit(JobKind::Store, job, &ids, keys(&ids)).unwrap();
+    }
+    for (id, r) in wait_all(&tier, 16) {
+        assert_eq!(r.status, Status::Ok, "store job {id}: {}", r.message);
+    }
+    for job in 0..16u64 {
+        let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
+        let slots: Vec<u64> = ids.iter().map(|i| 127 - i).collect();
+        tier.submit(JobKind::Load, 100 + job, &slots, keys(&ids)).unwrap();
+    }
+    let loads = wait_all(&tier, 16);
+    for job in 0..16u64 {
+        let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
+        let slots: Vec<u64> = ids.iter().map(|i| 127 - i).collect();
+        let r = &loads[&(100 + job)];
+        assert_eq!(r.status, Status::Ok, "load job {job}: {}", r.message);
+        assert_loaded_bytes(&pool, r, &slots, &ids);
+    }
+    let stats = rig.proxy.stats();
+    assert!(stats.faults("drop_request") >= 1 && stats.faults("cut_response") >= 1, "{stats:?}");
+}
+
+#[test]
+fn truncated_bodies_fail_their_key_and_never_succeed() {
+    let rig = Rig::new();
+    let tier = rig.tier(json!({"max_retries": 2}), json!({}));
+    let mut pool = Pool::new(16, BLOCK);
+    pool.fill_random(9);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&[0, 1, 2, 3])).unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    let short = tier.layout().object_name(&key(1)).unwrap();
+    let cut = tier.layout().object_name(&key(2)).unwrap();
+    rig.proxy.set_rule(move |r| {
+        if r.method != "GET" {
+            Fault::Pass
+        } else if r.path.ends_with(&short) {
+            Fault::ShortResponse // a well-framed answer with half the bytes, every time
+        } else if r.path.ends_with(&cut) {
+            Fault::CutResponse // the connection dies mid-body, every time
+        } else {
+            Fault::Pass
+        }
+    });
+    let slots = [8, 9, 10, 11];
+    let started = Instant::now();
+    tier.submit(JobKind::Load, 2, &slots, keys(&[0, 1, 2, 3])).unwrap();
+    let r = wait_all(&tier, 1).remove(&2).unwrap();
+    assert_eq!(r.key_status[0], Status::Ok, "{}", r.message);
+    assert_eq!(r.key_status[1], Status::LengthMismatch, "a short body must be a length mismatch: {}", r.message);
+    assert!(!r.key_status[2].is_ok(), "a body cut on every attempt must fail: {}", r.message);
+    assert_eq!(r.key_status[3], Status::Ok, "{}", r.message);
+    assert_eq!(r.bytes, 2 * BLOCK as u64);
+    assert_loaded_bytes(&pool, &r, &slots, &[0, 1, 2, 3]);
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    let stats = rig.proxy.stats();
+    assert_eq!(stats.faults("short_response"), 1, "a clean short answer is not retried: {stats:?}");
+    assert!(stats.faults("cut_response") >= 3, "a cut body is retried (1 + 2 retries): {stats:?}");
+}
+
+#[test]
+fn slow_server_times_out_without_hanging() {
+    let rig = Rig::new();
+    let tier = rig.tier(json!({"max_retries": 1, "request_timeout_ms": 400}), json!({}));
+    let mut pool = Pool::new(8, BLOCK);
+    pool.fill_random(4);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[0, 1])).unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+
+    rig.proxy.set_rule(|_| Fault::Delay(Duration::from_secs(4)));
+    let started = Instant::now();
+    tier.submit(JobKind::Load, 2, &[4, 5], keys(&[0, 1])).unwrap();
+    tier.submit(JobKind::Store, 3, &[2, 3], keys(&[2, 3])).unwrap();
+    let results = wait_all(&tier, 2);
+    let elapsed = started.elapsed();
+    for (id, r) in &results {
+        assert!(!r.succeeded(), "job {id} succeeded against a server slower than the timeout");
+        assert!(r.key_status.iter().all(|s| *s == Status::Timeout), "job {id}: {:?} {}", r.key_status, r.message);
+        assert!(r.message.contains("timed out") || r.message.contains("imeout"), "{}", r.message);
+    }
+    // Bounded by the timeouts, not by the server: two 0.4 s attempts plus backoff.
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+
+    // The same tier works again once the server is fast.
+    rig.proxy.set_rule(|_| Fault::Pass);
+    tier.submit(JobKind::Load, 4, &[6, 7], keys(&[0, 1])).unwrap();
+    let r = wait_all(&tier, 1).remove(&4).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert_loaded_bytes(&pool, &r, &[6, 7], &[0, 1]);
+}
+
+#[test]
+fn server_killed_mid_job_then_restarted() {
+    let rig = Rig::new();
+    let tier = rig.tier(
+        json!({"max_retries": 2, "connect_timeout_ms": 1000, "request_timeout_ms": 5000}),
+        json!({"max_inflight_transfers": 4}),
+    );
+    let mut pool = Pool::new(128, BLOCK);
+    pool.fill_random(77);
+    pool.register(&tier);
+    // Every request takes 150 ms: a 32-key job needs 8 rounds, so a kill at 400 ms lands
+    // mid-job whatever the machine's load.
+    rig.proxy.set_rule(|_| Fault::Delay(Duration::from_millis(150)));
+    let ids: Vec<u64> = (0..32).collect();
+    tier.submit(JobKind::Store, 1, &ids, keys(&ids)).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    rig.srv.kill();
+    rig.proxy.close_connections();
+    // A job submitted while the server is down fails too, per key.
+    tier.submit(JobKind::Load, 2, &[100, 101], keys(&[0, 1])).unwrap();
+    let results = wait_all(&tier, 2);
+    let store = &results[&1];
+    assert_eq!(store.key_status.len(), 32);
+    let failed: Vec<u64> = ids.iter().copied().filter(|&i| !store.key_status[i as usize].is_ok()).collect();
+    assert!(!failed.is_empty(), "the kill landed after the job: {:?}", store.key_status);
+    assert!(!store.succeeded());
+    for s in &store.key_status {
+        assert!(matches!(s, Status::Ok | Status::Io | Status::Connect | Status::Timeout), "unexpected key status {s:?}: {}", store.message);
+    }
+    assert_eq!(store.bytes, (32 - failed.len()) as u64 * BLOCK as u64);
+    let down = &results[&2];
+    assert!(down.key_status.iter().all(|s| !s.is_ok()), "{:?}", down.key_status);
+
+    // Restart the server (same data, new port behind the same proxy): later jobs succeed.
+    rig.restart_server();
+    rig.proxy.set_rule(|_| Fault::Pass);
+    // Keys the first job reported stored are there with the right bytes.
+    let slots: Vec<u64> = ids.iter().map(|i| 64 + i).collect();
+    tier.submit(JobKind::Load, 3, &slots, keys(&ids)).unwrap();
+    let r = wait_all(&tier, 1).remove(&3).unwrap();
+    let mut outcome: HashMap<Status, usize> = HashMap::new();
+    for (i, s) in r.key_status.iter().enumerate() {
+        *outcome.entry(*s).or_default() += 1;
+        if store.key_status[i].is_ok() {
+            assert_eq!(*s, Status::Ok, "key {i} was reported stored but does not load: {}", r.message);
+        } else {
+            // A failed store either never landed or landed whole (PUTs are atomic).
+            assert!(matches!(s, Status::Ok | Status::NotFound), "key {i}: {s:?}: {}", r.message);
+        }
+    }
+    assert_loaded_bytes(&pool, &r, &slots, &ids);
+    // Storing the failed keys again works, and then every key loads.
+    tier.submit(JobKind::Store, 4, &failed, keys(&failed)).unwrap();
+    let r = wait_all(&tier, 1).remove(&4).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    pool.mem[64 * BLOCK..96 * BLOCK].fill(0);
+    tier.submit(JobKind::Load, 5, &slots, keys(&ids)).unwrap();
+    let r = wait_all(&tier, 1).remove(&5).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert_loaded_bytes(&pool, &r, &slots, &ids);
+    assert!(outcome.values().sum::<usize>() == 32);
+}
