@@ -190,6 +190,9 @@ pub(crate) struct Shared {
     dedup: DedupMode,
     /// Keys known to be in the store: not uploaded again.
     known: Mutex<HashSet<Vec<u8>>>,
+    /// Checksums of the blocks this tier uploaded, for objects that come back without
+    /// their recorded checksum (rewritten by another client).
+    uploaded_crc: Mutex<HashMap<Vec<u8>, u32>>,
     /// Uploads in flight, with the stores of the same key waiting for them.
     uploads: Mutex<HashMap<Vec<u8>, Vec<tokio::sync::oneshot::Sender<Result<()>>>>>,
     /// Root of the local store: its checksums live in extended attributes.
@@ -308,12 +311,24 @@ impl Shared {
         self.known().remove(key);
     }
 
+    fn uploaded_crc(&self) -> MutexGuard<'_, HashMap<Vec<u8>, u32>> {
+        self.uploaded_crc.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remember_upload(&self, key: &[u8], crc: u32) {
+        let mut crcs = self.uploaded_crc();
+        if crcs.len() >= self.config.known_keys_capacity {
+            crcs.clear();
+        }
+        crcs.insert(key.to_vec(), crc);
+    }
+
     /// Stores one block unless the store is known to hold it or an upload of the same key
     /// is already running, in which case the outcome of that upload is shared.
     async fn store_deduplicated(&self, key: &[u8], name: &Path, view: bytes::Bytes) -> Result<()> {
         if self.dedup == DedupMode::Off {
             let _permit = self.transfer_permit().await?;
-            return self.store_block(name, view).await;
+            return self.store_block(key, name, view).await;
         }
         if self.known().contains(key) {
             self.stats.dedup_known.fetch_add(1, Ordering::Relaxed);
@@ -338,7 +353,7 @@ impl Shared {
             return rx.await.unwrap_or_else(|_| Err(Error::new(Status::Cancelled, "the shared upload was abandoned")));
         }
         let outcome = match self.transfer_permit().await {
-            Ok(_permit) => self.store_block(name, view).await,
+            Ok(_permit) => self.store_block(key, name, view).await,
             Err(e) => Err(e),
         };
         if outcome.is_ok() {
@@ -351,7 +366,7 @@ impl Shared {
         outcome
     }
 
-    async fn store_block(&self, name: &Path, view: bytes::Bytes) -> Result<()> {
+    async fn store_block(&self, key: &[u8], name: &Path, view: bytes::Bytes) -> Result<()> {
         let crc = self.config.checksums.then(|| crc32c::crc32c(&view));
         let mut attributes = Attributes::new();
         if let (Some(crc), None) = (crc, &self.local_root) {
@@ -363,8 +378,11 @@ impl Shared {
         let options = PutOptions { mode, attributes, ..Default::default() };
         match self.store.put_opts(name, PutPayload::from_bytes(body), options).await {
             Ok(_) => {
-                if let (Some(crc), Some(root)) = (crc, &self.local_root) {
-                    set_local_checksum(&root.join(name.as_ref()), crc);
+                if let Some(crc) = crc {
+                    if let Some(root) = &self.local_root {
+                        set_local_checksum(&root.join(name.as_ref()), crc);
+                    }
+                    self.remember_upload(key, crc);
                 }
                 Ok(())
             }
@@ -459,6 +477,7 @@ impl Tier {
             stats: Stats::default(),
             dedup,
             known: Mutex::new(HashSet::new()),
+            uploaded_crc: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             local_root,
         });
@@ -883,7 +902,7 @@ async fn run_job(
                 JobKind::Store => shared.store_deduplicated(key, name, lease.view(&pool, block)).await,
                 JobKind::Load => {
                     let _permit = shared.transfer_permit().await?;
-                    let loaded = load_block(shared, name, &pool, block).await;
+                    let loaded = load_block(shared, key, name, &pool, block).await;
                     if let Err(e) = &loaded {
                         if matches!(e.status, Status::NotFound | Status::Corrupt | Status::LengthMismatch) {
                             shared.forget(key);
@@ -933,7 +952,7 @@ fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
     Error::new(store::classify(e), format!("{op} {name}: {}", store::error_chain(e)))
 }
 
-async fn load_block(shared: &Shared, name: &Path, pool: &HostPool, block: u64) -> Result<()> {
+async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
     let block_bytes = pool.block_bytes();
     let options = GetOptions { range: Some(GetRange::Bounded(0..block_bytes as u64)), ..Default::default() };
     let got = shared.store.get_opts(name, options).await.map_err(|e| op_error("load", name, &e))?;
@@ -942,12 +961,14 @@ async fn load_block(shared: &Shared, name: &Path, pool: &HostPool, block: u64) -
     }
     let dest = pool.block_ptr(block) as usize;
     let verify = shared.config.checksums;
-    let expected_crc = if verify { recorded_checksum(&got.attributes) } else { None };
+    // The object's own record first; else what this tier uploaded under the key.
+    let uploaded = if verify { shared.uploaded_crc().get(key).copied() } else { None };
+    let expected_crc = if verify { recorded_checksum(&got.attributes).or(uploaded) } else { None };
     let (loaded, expected_crc) = match got.payload {
         GetResultPayload::File(file, _) => {
             let read = tokio::task::spawn_blocking(move || {
                 use std::os::unix::fs::FileExt;
-                let recorded = if verify { local_checksum(&file) } else { None };
+                let recorded = if verify { local_checksum(&file).or(uploaded) } else { None };
                 // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
                 let slot = unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, block_bytes) };
                 file.read_exact_at(slot, 0)?;

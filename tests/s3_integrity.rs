@@ -1,0 +1,186 @@
+//! Integrity and dedup on real S3 servers (s3s-fs and moto): checksums survive the store
+//! as user metadata, tampering fails only the tampered key, and dedup is proven by
+//! counting PUT requests at a proxy in front of the server.
+
+mod support;
+
+use std::time::Duration;
+
+use kvtier::{JobKind, LookupResult, Status, Tier};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::json;
+use support::proxy::{Fault, Proxy};
+use support::*;
+
+const BLOCK: usize = 32 * 1024;
+
+fn start(store: serde_json::Value, extra: serde_json::Value) -> Tier {
+    Tier::from_json(&tier_json(store, extra)).unwrap_or_else(|e| panic!("tier start failed: {e}"))
+}
+
+fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvtier::JobResult {
+    let _ = tier.submit(kind, id, blocks, keys(ids));
+    wait_all(tier, 1).remove(&id).unwrap()
+}
+
+fn checksum_round_trips_as_metadata(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    let tier = start(store.clone(), json!({}));
+    let mut pool = Pool::new(4, BLOCK);
+    pool.fill_random(3);
+    pool.register(&tier);
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[1]).succeeded());
+    let name = tier.layout().object_name(&key(1)).unwrap();
+    let recorded = block_on(async {
+        let s = oob_store(&store);
+        let got = s.get(&Path::from(name.as_str())).await.unwrap();
+        got.attributes.get(&object_store::Attribute::Metadata(kvtier::tier::CRC_METADATA.into())).map(|v| v.to_string())
+    });
+    assert_eq!(recorded, Some(format!("{:08x}", crc32c::crc32c(pool.block(0)))), "{}", srv.name());
+    // The object's bytes are the block's bytes, unchanged: vLLM's tier can read them.
+    assert_eq!(oob_get(&store, &name).unwrap(), pool.block(0));
+}
+
+/// Rewrites key 2's object out of band, once keeping kvtier's metadata (bit rot) and once
+/// through a plain client that drops it; either way only that key fails.
+fn tampered_object_fails_only_its_key(srv: &Server) {
+    for keep_metadata in [true, false] {
+        let bucket = srv.new_bucket();
+        let store = srv.store_json(&bucket);
+        let tier = start(store.clone(), json!({}));
+        let mut pool = Pool::new(8, BLOCK);
+        pool.fill_random(9);
+        pool.register(&tier);
+        assert!(run(&tier, JobKind::Store, 1, &[0, 1, 2], &[1, 2, 3]).succeeded());
+        let name = tier.layout().object_name(&key(2)).unwrap();
+        block_on(async {
+            let s = oob_store(&store);
+            let path = Path::from(name.as_str());
+            let got = s.get(&path).await.unwrap();
+            let attributes = got.attributes.clone();
+            let mut bytes = got.bytes().await.unwrap().to_vec();
+            bytes[BLOCK / 2] ^= 0x40;
+            let options = object_store::PutOptions {
+                attributes: if keep_metadata { attributes } else { Default::default() },
+                ..Default::default()
+            };
+            s.put_opts(&path, bytes.into(), options).await.unwrap();
+        });
+        let r = run(&tier, JobKind::Load, 2, &[4, 5, 6], &[1, 2, 3]);
+        assert_eq!(
+            r.key_status,
+            vec![Status::Ok, Status::Corrupt, Status::Ok],
+            "{} keep_metadata={keep_metadata}: {}",
+            srv.name(),
+            r.message
+        );
+        assert_eq!(pool.block(4), pool.block(0));
+        assert_eq!(pool.block(6), pool.block(2));
+        assert_eq!(tier.stats().corrupt_blocks, 1);
+        // A new request re-checks the key with the store.
+        let before = tier.stats().existence_checks;
+        assert_eq!(tier.lookup(77, &key(2)).unwrap(), LookupResult::Retry);
+        tier.schedule_end().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while tier.lookup(77, &key(2)).unwrap() == LookupResult::Retry {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(tier.stats().existence_checks, before + 1);
+    }
+}
+
+fn fail_and_delete_removes_corrupt_object(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    let tier = start(store.clone(), json!({"on_corrupt": "fail_and_delete"}));
+    let mut pool = Pool::new(4, BLOCK);
+    pool.fill_random(5);
+    pool.register(&tier);
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[4]).succeeded());
+    let name = tier.layout().object_name(&key(4)).unwrap();
+    oob_put(&store, &name, vec![0u8; BLOCK]);
+    assert_eq!(run(&tier, JobKind::Load, 2, &[1], &[4]).status, Status::Corrupt);
+    assert!(oob_get(&store, &name).is_none(), "{}: corrupt object not deleted", srv.name());
+    assert!(run(&tier, JobKind::Store, 3, &[0], &[4]).succeeded());
+    assert!(run(&tier, JobKind::Load, 4, &[2], &[4]).succeeded());
+    assert_eq!(pool.block(2), pool.block(0));
+}
+
+fn other_block_size_fails_by_length(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    let a = start(store.clone(), json!({}));
+    let mut pa = Pool::new(2, BLOCK);
+    pa.fill_random(1);
+    pa.register(&a);
+    assert!(run(&a, JobKind::Store, 1, &[0], &[6]).succeeded());
+    let b = start(store, json!({}));
+    let mut pb = Pool::new(2, BLOCK * 2);
+    pb.register(&b);
+    assert_eq!(run(&b, JobKind::Load, 1, &[1], &[6]).status, Status::LengthMismatch);
+}
+
+/// N stores of one key from two tier instances, through a counting proxy: one upload.
+fn dedup_uploads_once_across_tiers(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let proxy = Proxy::start(srv.port());
+    let store = with(srv.store_json(&bucket), "endpoint_override", json!(proxy.endpoint()));
+    let name = {
+        let probe = start(store.clone(), json!({}));
+        probe.layout().object_name(&key(9)).unwrap()
+    };
+    let counted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = counted.clone();
+    let object_path = format!("/{bucket}/{name}");
+    proxy.set_rule(move |req| {
+        if req.method == "PUT" && req.path.split('?').next() == Some(object_path.as_str()) {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Fault::Pass
+    });
+    let a = start(store.clone(), json!({}));
+    let b = start(store.clone(), json!({}));
+    let mut pa = Pool::new(4, BLOCK);
+    pa.fill_random(2);
+    pa.register(&a);
+    let mut pb = Pool::new(4, BLOCK);
+    pb.fill_random(2);
+    pb.register(&b);
+    let mut job = 0;
+    for tier in [&a, &b, &a, &b] {
+        for _ in 0..3 {
+            job += 1;
+            // One job stores the key twice (shared upload), and repeats come from both tiers.
+            assert!(run(tier, JobKind::Store, job, &[0, 1], &[9, 9]).succeeded());
+        }
+    }
+    let puts = counted.load(std::sync::atomic::Ordering::SeqCst);
+    let sb = b.stats();
+    // Tier a uploads once; tier b's first PUT is refused with 412 where the server honours
+    // If-None-Match (counted at the proxy, but not an upload of new data) — both servers do.
+    assert!(puts <= 2, "{}: {puts} PUTs of one key", srv.name());
+    assert_eq!(puts, 1 + sb.dedup_already_stored, "{}: {sb:?}", srv.name());
+    assert_eq!(oob_get(&store, &name).unwrap(), pa.block(0));
+}
+
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {
+        mod s3s_fs {
+            $( #[test] fn $name() { let server = super::Server::s3s_fs(); super::$name(&server); } )*
+        }
+        mod moto {
+            $( #[test] fn $name() { super::$name(super::Server::shared_moto()); } )*
+        }
+    };
+}
+
+on_both_servers!(
+    checksum_round_trips_as_metadata,
+    tampered_object_fails_only_its_key,
+    fail_and_delete_removes_corrupt_object,
+    other_block_size_fails_by_length,
+    dedup_uploads_once_across_tiers,
+);
