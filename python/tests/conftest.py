@@ -1,7 +1,9 @@
 """Fixtures shared by the binding and the vLLM contract tests.
 
 Stores: every store-parametrized test runs against the local-directory store, and also
-against each S3 store listed in ``KVTIER_TEST_S3_CONFIGS``, a JSON list of vLLM
+against s3s-fs and moto_server started by the tests when ``KVTIER_TEST_S3_SERVERS=1``
+(scripts/test-python.sh sets it), or against each S3 store listed in
+``KVTIER_TEST_S3_CONFIGS``, a JSON list of vLLM
 ``store_config`` dicts (e.g. ``[{"bucket": "kv", "endpoint_override": "127.0.0.1:9000",
 "access_key": "...", "secret_key": "...", "_id": "minio"}]``; ``_id`` names the
 parameter). Each test gets its own object prefix, so tests never see each other's
@@ -66,10 +68,17 @@ class Store:
 
 
 def _s3_params():
-    raw = os.environ.get("KVTIER_TEST_S3_CONFIGS")
-    if not raw:
-        return []
-    configs = json.loads(raw)
+    if os.environ.get("KVTIER_TEST_S3_SERVERS") == "1":
+        # The project's own servers (s3s-fs and moto), started for this session.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import s3_servers
+
+        configs = s3_servers.start_all()
+    else:
+        raw = os.environ.get("KVTIER_TEST_S3_CONFIGS")
+        if not raw:
+            return []
+        configs = json.loads(raw)
     if not isinstance(configs, list):
         raise pytest.UsageError("KVTIER_TEST_S3_CONFIGS must be a JSON list of store_config objects")
     params = []

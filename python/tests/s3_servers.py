@@ -1,0 +1,101 @@
+"""Real S3 servers for the contract tests: s3s-fs and moto_server on free loopback ports.
+
+``start_all()`` starts both (s3s-fs from the project's ``tools/bin``, installed by
+``scripts/install-tools.sh``; moto_server from the PATH or ``tools/venv``), creates one
+bucket on each, and returns vLLM ``store_config`` dicts for them. The servers are killed
+when the Python process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKET = "kvtier-contract"
+ACCESS_KEY = "kvtier-contract-access"
+SECRET_KEY = "kvtier-contract-secret-7Hq2"
+
+_children: list[subprocess.Popen] = []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(port: int, method: str, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request(method, path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _start(argv_for_port, name: str) -> int:
+    last = ""
+    for _ in range(5):
+        port = _free_port()
+        log = open(Path(tempfile.gettempdir()) / f"kvtier-{name}-{port}.log", "wb")
+        child = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and child.poll() is None:
+            try:
+                _request(port, "GET", "/")
+                _children.append(child)
+                return port
+            except OSError:
+                time.sleep(0.05)
+        child.kill()
+        child.wait()
+        last = f"{name} did not answer on port {port} (log {log.name})"
+    raise RuntimeError(last)
+
+
+def _find(binary: str, *candidates: Path) -> str:
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which(binary)
+    if not found:
+        raise RuntimeError(f"{binary} not found: run scripts/install-tools.sh")
+    return found
+
+
+@atexit.register
+def _stop_all() -> None:
+    for child in _children:
+        child.kill()
+        child.wait()
+
+
+def start_all() -> list[dict]:
+    s3s_fs = _find("s3s-fs", ROOT / "tools" / "bin" / "s3s-fs")
+    moto = _find("moto_server", ROOT / "tools" / "venv" / "bin" / "moto_server")
+    root = Path(tempfile.mkdtemp(prefix="kvtier-s3s-fs-"))
+    atexit.register(shutil.rmtree, root, True)
+    (root / BUCKET).mkdir()
+    s3s_port = _start(
+        lambda p: [s3s_fs, "--host", "127.0.0.1", "--port", str(p), "--access-key", ACCESS_KEY,
+                   "--secret-key", SECRET_KEY, str(root)],
+        "s3s-fs",
+    )
+    moto_port = _start(lambda p: [moto, "-H", "127.0.0.1", "-p", str(p)], "moto")
+    status = _request(moto_port, "PUT", f"/{BUCKET}")
+    if status != 200:
+        raise RuntimeError(f"moto: creating bucket {BUCKET} answered {status}")
+    common = {"bucket": BUCKET, "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+              "region": "us-east-1"}
+    return [
+        dict(common, endpoint_override=f"127.0.0.1:{s3s_port}", _id="s3s-fs"),
+        dict(common, endpoint_override=f"127.0.0.1:{moto_port}", _id="moto"),
+    ]
