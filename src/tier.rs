@@ -138,12 +138,14 @@ struct JobTable {
     running: usize,
 }
 
-/// Readable while results wait to be polled: one count per queued result.
+/// Readable exactly while results wait to be polled. Both sides change it under the job
+/// table lock: `finish` raises it when the queue turns non-empty, `poll` clears it when it
+/// empties the queue, so the caller pays at most one syscall per poll.
 struct ReadyFd(RawFd);
 
 impl ReadyFd {
     fn new() -> Result<Self> {
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(Error::new(
                 Status::Io,
@@ -152,11 +154,11 @@ impl ReadyFd {
         }
         Ok(ReadyFd(fd))
     }
-    fn add_one(&self) {
+    fn raise(&self) {
         let one: u64 = 1;
         unsafe { libc::write(self.0, &one as *const u64 as *const libc::c_void, 8) };
     }
-    fn take_one(&self) {
+    fn clear(&self) {
         let mut value: u64 = 0;
         unsafe { libc::read(self.0, &mut value as *mut u64 as *mut libc::c_void, 8) };
     }
@@ -411,7 +413,9 @@ impl Shared {
                 return;
             }
         }
-        self.ready.add_one();
+        if self.results_tx.is_empty() {
+            self.ready.raise();
+        }
         let _ = self.results_tx.send(result);
         drop(table);
         self.table_changed.notify_all();
@@ -630,7 +634,9 @@ impl Tier {
         keys.iter()
             .map(|key| {
                 split_key(key)?;
-                Ok(Path::from(self.shared.layout.object_name(key)?))
+                let name = self.shared.layout.object_name(key)?;
+                // Names are built from validated segments: parse them without re-encoding.
+                Ok(Path::parse(&name).unwrap_or_else(|_| Path::from(name)))
             })
             .collect()
     }
@@ -661,18 +667,19 @@ impl Tier {
     /// Takes up to `max` finished jobs. Each job is returned exactly once.
     pub fn poll(&self, max: usize) -> Vec<JobResult> {
         let mut out = Vec::new();
-        // Under the table lock, `finish` is either wholly done or not begun: the fd count
-        // always equals the number of queued results here.
+        // Under the table lock, `finish` is either wholly done or not begun.
         let mut table = self.shared.table();
         while out.len() < max {
             match self.results_rx.try_recv() {
                 Ok(result) => {
-                    self.shared.ready.take_one();
                     table.jobs.remove(&result.job_id);
                     out.push(result);
                 }
                 Err(_) => break,
             }
+        }
+        if !out.is_empty() && self.results_rx.is_empty() {
+            self.shared.ready.clear();
         }
         drop(table);
         self.after_poll(&out);
