@@ -425,14 +425,37 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     }
     let (_, rss_end) = rusage();
     tier.shutdown();
+    // The checksum's own price, on this thread: a cold pass over the stored bytes (as a
+    // store pays), and passes over 64 KiB chunks already in cache (as a load pays: it
+    // checksums each chunk right after copying it into the slot).
+    let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
+    let t0 = thread_cpu();
+    std::hint::black_box(crc32c::crc32c(&pool[..n * bs]));
+    let cold = (thread_cpu() - t0) / gib(n * bs);
+    let chunk = &pool[..(64 * 1024).min(n * bs)];
+    let rounds = (n * bs / chunk.len()).max(1);
+    let t0 = thread_cpu();
+    for _ in 0..rounds {
+        std::hint::black_box(crc32c::crc32c(std::hint::black_box(chunk)));
+    }
+    let hot = (thread_cpu() - t0) / gib(rounds * chunk.len());
+    let checksum_cpu_per_gib = (cold, hot);
     for p in &mut phases {
         p.latencies_ms.sort_by(|a, b| a.total_cmp(b));
     }
-    print_report(o, &phases, verified, rss_start, rss_end, &tier);
+    print_report(o, &phases, verified, rss_start, rss_end, &tier, checksum_cpu_per_gib);
     Ok(())
 }
 
-fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start: u64, rss_end: u64, tier: &Tier) {
+fn print_report(
+    o: &Options,
+    phases: &[PhaseResult],
+    verified: usize,
+    rss_start: u64,
+    rss_end: u64,
+    tier: &Tier,
+    checksum_cpu_per_gib: (f64, f64),
+) {
     let stats = tier.stats();
     if o.json {
         let rows: Vec<serde_json::Value> = phases
@@ -455,6 +478,8 @@ fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start:
                 "phases": rows, "verified_blocks": verified,
                 "peak_rss_kib_after_setup": rss_start, "peak_rss_kib_end": rss_end,
                 "corrupt_blocks": stats.corrupt_blocks, "existence_checks": stats.existence_checks,
+                "checksum_cpu_s_per_gib_cold": checksum_cpu_per_gib.0,
+                "checksum_cpu_s_per_gib_in_cache": checksum_cpu_per_gib.1,
             })
         );
         return;
@@ -494,6 +519,12 @@ fn print_report(o: &Options, phases: &[PhaseResult], verified: usize, rss_start:
         println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
     }
     println!("  peak RSS: {} MiB after setup, {} MiB at the end", rss_start / 1024, rss_end / 1024);
+    println!(
+        "  checksum cost (CRC32C{}): {:.3} CPU-s/GiB over cold memory (store), {:.3} in cache (load)",
+        if o.checksums { "" } else { ", off in this run" },
+        checksum_cpu_per_gib.0,
+        checksum_cpu_per_gib.1
+    );
     if verified > 0 {
         println!("  verified: {verified} of {verified} blocks byte-exact after the round trip");
     }
