@@ -6,6 +6,7 @@
 //! * moto accepts any credentials, so a wrong secret key starts fine on moto and is
 //!   `Status::Auth` on s3s-fs.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -275,16 +276,6 @@ fn tier_restarts_on_the_same_bucket(srv: &Server) {
     }
 }
 
-macro_rules! on_both_servers {
-    ($($name:ident),* $(,)?) => {
-        mod s3s_fs {
-            $( #[test] fn $name() { let server = super::Server::s3s_fs(); super::$name(&server); } )*
-        }
-        mod moto {
-            $( #[test] fn $name() { super::$name(super::Server::shared_moto()); } )*
-        }
-    };
-}
 
 on_both_servers!(
     round_trip_non_identity_slots,

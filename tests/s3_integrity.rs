@@ -2,6 +2,7 @@
 //! as user metadata, tampering fails only the tampered key, and dedup is proven by
 //! counting PUT requests at a proxy in front of the server.
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -166,16 +167,6 @@ fn dedup_uploads_once_across_tiers(srv: &Server) {
     assert_eq!(oob_get(&store, &name).unwrap(), pa.block(0));
 }
 
-macro_rules! on_both_servers {
-    ($($name:ident),* $(,)?) => {
-        mod s3s_fs {
-            $( #[test] fn $name() { let server = super::Server::s3s_fs(); super::$name(&server); } )*
-        }
-        mod moto {
-            $( #[test] fn $name() { super::$name(super::Server::shared_moto()); } )*
-        }
-    };
-}
 
 on_both_servers!(
     checksum_round_trips_as_metadata,

@@ -564,3 +564,17 @@ pub fn oob_get(store: &Value, name: &str) -> Option<Vec<u8>> {
         }
     })
 }
+
+/// Defines each named test body (`fn(&Server)`) as two tests: one on a fresh s3s-fs, one
+/// on the test binary's shared moto_server.
+#[allow(unused_macros)]
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {
+        mod s3s_fs {
+            $( #[test] fn $name() { let server = super::Server::s3s_fs(); super::$name(&server); } )*
+        }
+        mod moto {
+            $( #[test] fn $name() { super::$name(super::Server::shared_moto()); } )*
+        }
+    };
+}
