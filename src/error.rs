@@ -51,28 +51,34 @@ pub enum Status {
 }
 
 impl Status {
-    pub fn as_str(self) -> &'static str {
+    /// A short, static English description, NUL-terminated for the C ABI.
+    pub fn as_cstr(self) -> &'static std::ffi::CStr {
         match self {
-            Status::Ok => "ok",
-            Status::NullArgument => "null argument",
-            Status::InvalidArgument => "invalid argument",
-            Status::Config => "configuration error",
-            Status::Connect => "cannot connect to store",
-            Status::Io => "storage I/O error",
-            Status::NotFound => "not found",
-            Status::State => "invalid state",
-            Status::Panic => "internal panic",
-            Status::DuplicateJob => "duplicate job id",
-            Status::ShutDown => "tier is shut down",
-            Status::Cancelled => "cancelled",
-            Status::Timeout => "timed out",
-            Status::LengthMismatch => "object length differs from block size",
-            Status::Corrupt => "checksum mismatch",
-            Status::Auth => "authentication failed",
-            Status::PermissionDenied => "permission denied",
-            Status::BucketNotFound => "bucket not found",
-            Status::Tls => "TLS error",
+            Status::Ok => c"ok",
+            Status::NullArgument => c"null argument",
+            Status::InvalidArgument => c"invalid argument",
+            Status::Config => c"configuration error",
+            Status::Connect => c"cannot connect to store",
+            Status::Io => c"storage I/O error",
+            Status::NotFound => c"not found",
+            Status::State => c"invalid state",
+            Status::Panic => c"internal panic",
+            Status::DuplicateJob => c"duplicate job id",
+            Status::ShutDown => c"tier is shut down",
+            Status::Cancelled => c"cancelled",
+            Status::Timeout => c"timed out",
+            Status::LengthMismatch => c"object length differs from block size",
+            Status::Corrupt => c"checksum mismatch",
+            Status::Auth => c"authentication failed",
+            Status::PermissionDenied => c"permission denied",
+            Status::BucketNotFound => c"bucket not found",
+            Status::Tls => c"TLS error",
         }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        // Every literal above is ASCII.
+        self.as_cstr().to_str().unwrap_or("")
     }
 
     pub fn is_ok(self) -> bool {

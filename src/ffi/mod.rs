@@ -116,7 +116,7 @@ pub extern "C" fn kvt_version() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
     let text: &'static CStr = match status_from_int(status) {
-        Some(s) => status_cstr(s),
+        Some(s) => s.as_cstr(),
         None => c"unknown status",
     };
     text.as_ptr()
@@ -129,31 +129,6 @@ fn status_from_int(value: c_int) -> Option<Status> {
         Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls,
     ];
     ALL.iter().copied().find(|s| *s as c_int == value)
-}
-
-fn status_cstr(status: Status) -> &'static CStr {
-    use Status::*;
-    match status {
-        Ok => c"ok",
-        NullArgument => c"null argument",
-        InvalidArgument => c"invalid argument",
-        Config => c"configuration error",
-        Connect => c"cannot connect to store",
-        Io => c"storage I/O error",
-        NotFound => c"not found",
-        State => c"invalid state",
-        Panic => c"internal panic",
-        DuplicateJob => c"duplicate job id",
-        ShutDown => c"tier is shut down",
-        Cancelled => c"cancelled",
-        Timeout => c"timed out",
-        LengthMismatch => c"object length differs from block size",
-        Corrupt => c"checksum mismatch",
-        Auth => c"authentication failed",
-        PermissionDenied => c"permission denied",
-        BucketNotFound => c"bucket not found",
-        Tls => c"TLS error",
-    }
 }
 
 /// Creates a tier from a JSON configuration, builds its store and probes it.
