@@ -519,14 +519,15 @@ fn build_s3(s3: &S3Config) -> Result<DynStore> {
         builder = builder.with_endpoint(url);
     }
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    builder = builder.with_region(if !s3.region.is_empty() {
+    let region = if !s3.region.is_empty() {
         s3.region.clone()
     } else {
         env("AWS_REGION")
             .or_else(|| env("AWS_DEFAULT_REGION"))
             .or_else(|| resolved.profile_region.clone())
             .unwrap_or_else(|| "us-east-1".to_string())
-    });
+    };
+    builder = builder.with_region(&region);
     if let Some(creds) = &resolved.credentials {
         let credential = AwsCredential {
             key_id: creds.access_key.clone(),
@@ -536,13 +537,42 @@ fn build_s3(s3: &S3Config) -> Result<DynStore> {
         builder = builder.with_credentials(Arc::new(StaticCredentialProvider::new(credential)));
     }
     log::debug!("s3 bucket {:?}: credentials from {}", s3.bucket, resolved.source);
-    let store: DynStore = Arc::new(
-        builder
-            .build()
-            .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?,
-    );
+    let built = builder
+        .build()
+        .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?;
+    let raw = s3_endpoint(s3).and_then(|url| {
+        crate::rawget::RawGet::new(
+            &url,
+            &s3.bucket,
+            s3.use_virtual_addressing,
+            &region,
+            built.credentials().clone(),
+            Duration::from_millis(s3.request_timeout_ms),
+        )
+    });
+    let store: DynStore = Arc::new(built);
     remember_info(&store, StoreInfo { ca_bundle: s3.ca_bundle.clone(), credentials: resolved.source });
+    if let Some(raw) = raw {
+        let mut registry = raw_registry().lock().unwrap_or_else(|p| p.into_inner());
+        registry.retain(|(w, _)| w.strong_count() > 0);
+        registry.push((Arc::downgrade(&store), raw));
+    }
     Ok(store)
+}
+
+type RawRegistry = Mutex<Vec<(Weak<dyn ObjectStore>, Arc<crate::rawget::RawGet>)>>;
+
+fn raw_registry() -> &'static RawRegistry {
+    static RAW: OnceLock<RawRegistry> = OnceLock::new();
+    RAW.get_or_init(Default::default)
+}
+
+/// The zero-copy GET path of an S3 store, when its endpoint allows one (plain http,
+/// path-style): see [`crate::rawget`].
+pub fn raw_get_for(store: &DynStore) -> Option<Arc<crate::rawget::RawGet>> {
+    let weak = Arc::downgrade(store);
+    let registry = raw_registry().lock().unwrap_or_else(|p| p.into_inner());
+    registry.iter().find(|(w, _)| Weak::ptr_eq(w, &weak)).map(|(_, r)| r.clone())
 }
 
 fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {

@@ -199,6 +199,8 @@ pub(crate) struct Shared {
     uploads: Mutex<HashMap<Vec<u8>, Vec<tokio::sync::oneshot::Sender<Result<()>>>>>,
     /// Root of the local store: its checksums live in extended attributes.
     local_root: Option<std::path::PathBuf>,
+    /// Zero-copy GET path for loads (plain-http S3 endpoints), if any.
+    raw: Option<Arc<crate::rawget::RawGet>>,
 }
 
 /// Counters since the tier was created.
@@ -457,6 +459,7 @@ impl Tier {
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
+        let raw = store::raw_get_for(&store);
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         let local_root = match &config.store {
@@ -484,6 +487,7 @@ impl Tier {
             uploaded_crc: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             local_root,
+            raw,
         });
         log::info!("kvtier tier ready on {describe}");
         Ok(Tier {
@@ -960,6 +964,47 @@ fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
 }
 
 async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
+    if let Some(raw) = &shared.raw {
+        let block_bytes = pool.block_bytes();
+        // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
+        let dest = unsafe { std::slice::from_raw_parts_mut(pool.block_ptr(block), block_bytes) };
+        match raw.get_into(name.as_ref(), dest, shared.config.checksums).await {
+            Ok((recorded, computed)) => {
+                let uploaded = if shared.config.checksums { shared.uploaded_crc().get(key).copied() } else { None };
+                let expected = recorded.or(uploaded).filter(|_| shared.config.checksums);
+                return verify_loaded(shared, name, expected, computed).await;
+            }
+            Err(crate::rawget::RawError::Final(e)) => {
+                return Err(Error::new(e.status, format!("load {name}: {}", e.message)))
+            }
+            Err(crate::rawget::RawError::Fallback(why)) => {
+                log::debug!("load {name}: raw GET fell back to object_store: {why}");
+            }
+        }
+    }
+    load_block_object_store(shared, key, name, pool, block).await
+}
+
+async fn verify_loaded(shared: &Shared, name: &Path, expected: Option<u32>, loaded: u32) -> Result<()> {
+    match expected {
+        Some(want) if want != loaded => {
+            shared.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
+            log::warn!("block {name} is corrupt: checksum {loaded:08x}, recorded {want:08x}");
+            if shared.config.on_corrupt == OnCorrupt::FailAndDelete {
+                if let Err(e) = shared.store.delete(name).await {
+                    log::warn!("could not delete corrupt block {name}: {e}");
+                }
+            }
+            Err(Error::new(
+                Status::Corrupt,
+                format!("load {name}: checksum {loaded:08x} does not match the recorded {want:08x}"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+async fn load_block_object_store(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
     let block_bytes = pool.block_bytes();
     let options = GetOptions { range: Some(GetRange::Bounded(0..block_bytes as u64)), ..Default::default() };
     let got = shared.store.get_opts(name, options).await.map_err(|e| op_error("load", name, &e))?;
@@ -1020,22 +1065,7 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
             (crc, expected_crc)
         }
     };
-    match expected_crc {
-        Some(want) if want != loaded => {
-            shared.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
-            log::warn!("block {name} is corrupt: checksum {loaded:08x}, recorded {want:08x}");
-            if shared.config.on_corrupt == OnCorrupt::FailAndDelete {
-                if let Err(e) = shared.store.delete(name).await {
-                    log::warn!("could not delete corrupt block {name}: {e}");
-                }
-            }
-            Err(Error::new(
-                Status::Corrupt,
-                format!("load {name}: checksum {loaded:08x} does not match the recorded {want:08x}"),
-            ))
-        }
-        _ => Ok(()),
-    }
+    verify_loaded(shared, name, expected_crc, loaded).await
 }
 
 /// Object metadata key of the CRC32C (8 lowercase hex digits) of a block's bytes.
