@@ -201,6 +201,8 @@ pub(crate) struct Shared {
     local_root: Option<std::path::PathBuf>,
     /// Zero-copy GET path for loads (plain-http S3 endpoints), if any.
     raw: Option<Arc<crate::rawget::RawGet>>,
+    /// The store client of the lookup lane (the transfer store unless separated).
+    lookup_store: DynStore,
 }
 
 /// Counters since the tier was created.
@@ -431,6 +433,9 @@ impl Shared {
 pub struct Tier {
     shared: Arc<Shared>,
     runtime: RwLock<Option<Runtime>>,
+    /// The lookup lane's own runtime (one thread) and HTTP client, so that existence
+    /// checks neither queue behind transfer tasks nor wait for a pooled connection.
+    lookup_runtime: RwLock<Option<Runtime>>,
     results_rx: Receiver<JobResult>,
     lookups: Mutex<Lookups>,
     events: Mutex<Vec<StoredEvent>>,
@@ -445,9 +450,18 @@ impl Tier {
     pub fn new(config: TierConfig) -> Result<Tier> {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
+        // KVTIER_IO_NICE=N (1..19) lowers the transfer threads' CPU priority, so that on a
+        // saturated host the lookup lane (and the engine) runs first. Off by default.
+        let io_nice: i32 = std::env::var("KVTIER_IO_NICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.runtime_threads)
             .thread_name("kvtier-io")
+            .on_thread_start(move || {
+                if (1..20).contains(&io_nice) {
+                    // SAFETY: plain syscalls on the calling thread's own id.
+                    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, io_nice) };
+                }
+            })
             .enable_all()
             .build()
             .map_err(|e| Error::new(Status::Io, format!("cannot start I/O runtime: {e}")))?;
@@ -460,6 +474,23 @@ impl Tier {
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
         let raw = store::raw_get_for(&store);
+        // KVTIER_LOOKUP_LANE=0 keeps lookups on the transfer runtime and client.
+        let separate_lane = std::env::var("KVTIER_LOOKUP_LANE").map_or(true, |v| v != "0");
+        let (lookup_runtime, lookup_store) = if separate_lane && matches!(config.store, StoreConfig::S3(_)) {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("kvtier-lookup")
+                .enable_all()
+                .build()
+                .map_err(|e| Error::new(Status::Io, format!("cannot start lookup runtime: {e}")))?;
+            let st = {
+                let _guard = rt.enter();
+                store::build_store(&config.store)?
+            };
+            (Some(rt), st)
+        } else {
+            (None, store.clone())
+        };
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         let local_root = match &config.store {
@@ -487,12 +518,14 @@ impl Tier {
             uploaded_crc: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             local_root,
+            lookup_store,
             raw,
         });
         log::info!("kvtier tier ready on {describe}");
         Ok(Tier {
             shared,
             runtime: RwLock::new(Some(runtime)),
+            lookup_runtime: RwLock::new(lookup_runtime),
             results_rx,
             lookups: Mutex::new(Lookups { table: LookupTable::default(), answers_rx }),
             events: Mutex::new(Vec::new()),
@@ -736,12 +769,15 @@ impl Tier {
             return Ok(());
         }
         let shared = self.shared.clone();
-        let spawned = self.with_runtime(|rt| {
-            rt.spawn(async move {
-                let answers = check_groups(&shared, groups).await;
-                let _ = shared.answers_tx.send(answers);
-            });
-        });
+        let task = async move {
+            let answers = check_groups(&shared, groups).await;
+            let _ = shared.answers_tx.send(answers);
+        };
+        let lane = self.lookup_runtime.read().unwrap_or_else(|p| p.into_inner());
+        let spawned = match lane.as_ref() {
+            Some(rt) => Some(drop(rt.spawn(task))),
+            None => self.with_runtime(|rt| drop(rt.spawn(task))),
+        };
         spawned.ok_or_else(|| Error::new(Status::ShutDown, "schedule_end after shutdown"))
     }
 
@@ -818,6 +854,7 @@ impl Tier {
     pub fn shutdown(&self) {
         let runtime = self.runtime.write().unwrap_or_else(|p| p.into_inner()).take();
         let Some(runtime) = runtime else { return };
+        let lookup_runtime = self.lookup_runtime.write().unwrap_or_else(|p| p.into_inner()).take();
         self.shared.closing.store(true, Ordering::Release);
         self.shared.transfer_permits.close();
         self.shared.lookup_permits.close();
@@ -828,6 +865,7 @@ impl Tier {
         // Dropping the runtime waits for blocking file I/O and drops every task, so no
         // code of the tier runs after this line.
         drop(runtime);
+        drop(lookup_runtime);
         let abandoned: Vec<(u64, JobKind, KeyBatch, Instant)> = self
             .shared
             .table()
@@ -1151,7 +1189,7 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
             let name = shared.layout.object_name(&probe.key).map_err(|_| ())?;
-            store::exists(&shared.store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
+            store::exists(&shared.lookup_store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
                 shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!("existence check failed: {}", e.message);
             })
