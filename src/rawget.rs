@@ -1,5 +1,6 @@
 //! Loads without a user-space copy: a minimal HTTP/1.1 GET that reads the response body
-//! straight from the socket into the destination block.
+//! straight from the socket into the destination block; and cheap existence checks (HEAD)
+//! on the same connections and cached signing key.
 //!
 //! `object_store` (reqwest/hyper) hands a body over as `Bytes` chunks of hyper's read buffer,
 //! so a load costs the kernel's copy into that buffer plus a second, user-space copy into
@@ -112,15 +113,23 @@ impl RawGet {
     }
 
     fn request_head(&self, name: &str, len: usize, credential: &AwsCredential) -> Vec<u8> {
+        self.signed_head("GET", name, Some(len), credential)
+    }
+
+    /// A signed request head: `GET` with `Range: bytes=0-(len-1)`, or `HEAD` without.
+    fn signed_head(&self, method: &str, name: &str, len: Option<usize>, credential: &AwsCredential) -> Vec<u8> {
         let path = format!("{}{}", self.base, encode(name, true));
-        let range = format!("bytes=0-{}", len - 1);
+        let range = len.map(|len| format!("bytes=0-{}", len - 1));
         let (date, datetime) = utc_now();
         let token = credential.token.as_deref();
-        let mut canonical = format!(
-            "GET\n{path}\n\nhost:{}\nrange:{range}\nx-amz-content-sha256:UNSIGNED-PAYLOAD\nx-amz-date:{datetime}\n",
-            self.host
-        );
-        let mut signed = "host;range;x-amz-content-sha256;x-amz-date".to_string();
+        let mut canonical = format!("{method}\n{path}\n\nhost:{}\n", self.host);
+        let mut signed = "host;".to_string();
+        if let Some(r) = &range {
+            canonical.push_str(&format!("range:{r}\n"));
+            signed.push_str("range;");
+        }
+        canonical.push_str(&format!("x-amz-content-sha256:UNSIGNED-PAYLOAD\nx-amz-date:{datetime}\n"));
+        signed.push_str("x-amz-content-sha256;x-amz-date");
         if let Some(t) = token {
             canonical.push_str(&format!("x-amz-security-token:{t}\n"));
             signed.push_str(";x-amz-security-token");
@@ -130,17 +139,56 @@ impl RawGet {
         let to_sign = format!("AWS4-HMAC-SHA256\n{datetime}\n{scope}\n{}", hex(&Sha256::digest(canonical.as_bytes())));
         let key = self.signing_key(&credential.secret_key, &date);
         let signature = hex(&hmac(&key, to_sign.as_bytes()));
-        let mut head = format!(
-            "GET {path} HTTP/1.1\r\nhost: {}\r\nrange: {range}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n\
-             x-amz-date: {datetime}\r\nauthorization: AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed}, \
-             Signature={signature}\r\n",
-            self.host, credential.key_id
-        );
+        let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.host);
+        if let Some(r) = &range {
+            head.push_str(&format!("range: {r}\r\n"));
+        }
+        head.push_str(&format!(
+            "x-amz-content-sha256: UNSIGNED-PAYLOAD\r\nx-amz-date: {datetime}\r\nauthorization: AWS4-HMAC-SHA256 \
+             Credential={}/{scope}, SignedHeaders={signed}, Signature={signature}\r\n",
+            credential.key_id
+        ));
         if let Some(t) = token {
             head.push_str(&format!("x-amz-security-token: {t}\r\n"));
         }
         head.push_str("\r\n");
         head.into_bytes()
+    }
+
+    /// Whether object `name` exists, by HEAD: `Ok(true)` on 200, `Ok(false)` on 404.
+    /// Anything else (403, 5xx, transport trouble) is `Fallback`, for the `object_store`
+    /// path and its rules (retries, 403-as-absent without ListBucket).
+    pub async fn exists(&self, name: &str) -> Result<bool, RawError> {
+        let credential = self.credentials.get_credential().await.map_err(|e| RawError::Fallback(e.to_string()))?;
+        let head = self.signed_head("HEAD", name, None, &credential);
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let reused = pooled.is_some();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        let mut outcome = tokio::time::timeout(self.timeout, head_exchange(&mut conn, &head)).await;
+        if reused && matches!(&outcome, Ok(Err(e)) if is_stale(e)) {
+            conn = self.connect().await?;
+            outcome = tokio::time::timeout(self.timeout, head_exchange(&mut conn, &head)).await;
+        }
+        match outcome {
+            Ok(Ok((status, reusable))) => {
+                if reusable {
+                    let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                    if idle.len() < MAX_IDLE {
+                        idle.push(conn);
+                    }
+                }
+                match status {
+                    200 => Ok(true),
+                    404 => Ok(false),
+                    other => Err(RawError::Fallback(format!("HEAD answered {other}"))),
+                }
+            }
+            Ok(Err(e)) => Err(RawError::Fallback(e.to_string())),
+            Err(_) => Err(RawError::Fallback("raw HEAD timed out".into())),
+        }
     }
 
     fn signing_key(&self, secret: &str, date: &str) -> [u8; 32] {
@@ -157,6 +205,43 @@ impl RawGet {
         *cached = Some((secret.to_string(), date.to_string(), k));
         k
     }
+}
+
+/// Sends a HEAD request head and reads the response head (a HEAD response has no body,
+/// whatever its Content-Length says). Returns the status and whether the connection can
+/// be reused.
+async fn head_exchange(conn: &mut TcpStream, head: &[u8]) -> std::io::Result<(u16, bool)> {
+    conn.write_all(head).await?;
+    let mut buf = vec![0u8; 4096];
+    let mut have = 0usize;
+    let end = loop {
+        if have == buf.len() {
+            if buf.len() >= MAX_HEAD {
+                return Err(std::io::Error::other("response head too large"));
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        let n = conn.read(&mut buf[have..]).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        have += n;
+        if let Some(p) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+    };
+    let text = std::str::from_utf8(&buf[..end]).map_err(std::io::Error::other)?;
+    let mut lines = text.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("malformed status line"))?;
+    let close = lines.any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close"))
+    });
+    // Bytes after the head would belong to no request: do not reuse such a connection.
+    Ok((status, !close && have == end))
 }
 
 /// A failure that a reused keep-alive connection shows when the server had closed it.

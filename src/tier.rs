@@ -1189,6 +1189,11 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
             let name = shared.layout.object_name(&probe.key).map_err(|_| ())?;
+            if let Some(raw) = &shared.raw {
+                if let Ok(found) = raw.exists(&name).await {
+                    return Ok(found);
+                }
+            }
             store::exists(&shared.lookup_store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
                 shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!("existence check failed: {}", e.message);
