@@ -581,7 +581,7 @@ impl Tier {
     pub fn submit(&self, kind: JobKind, job_id: u64, block_ids: &[u64], keys: KeyBatch) -> Result<()> {
         self.admit(kind, job_id, &keys)?;
         match self.prepare(kind, block_ids, &keys) {
-            Ok(names) => self.launch(kind, job_id, block_ids.to_vec(), keys, names),
+            Ok(()) => self.launch(kind, job_id, block_ids.to_vec(), keys),
             Err(e) => {
                 self.fail_admitted(job_id, kind, keys, &e);
                 Err(e)
@@ -623,7 +623,7 @@ impl Tier {
         self.shared.finish(failed_result(job_id, kind, keys, error));
     }
 
-    fn prepare(&self, kind: JobKind, block_ids: &[u64], keys: &KeyBatch) -> Result<Vec<Path>> {
+    fn prepare(&self, kind: JobKind, block_ids: &[u64], keys: &KeyBatch) -> Result<()> {
         if self.is_shut_down() {
             return Err(Error::new(Status::ShutDown, "submit after shutdown"));
         }
@@ -668,17 +668,15 @@ impl Tier {
                 }
             }
         }
-        keys.iter()
-            .map(|key| {
-                split_key(key)?;
-                let name = self.shared.layout.object_name(key)?;
-                // Names are built from validated segments: parse them without re-encoding.
-                Ok(Path::parse(&name).unwrap_or_else(|_| Path::from(name)))
-            })
-            .collect()
+        // Only validation here: the object names are built on the I/O side (`run_job`), so
+        // the caller's thread pays neither the hex formatting nor the path allocations.
+        for key in keys.iter() {
+            split_key(key)?;
+        }
+        Ok(())
     }
 
-    fn launch(&self, kind: JobKind, job_id: u64, block_ids: Vec<u64>, keys: KeyBatch, names: Vec<Path>) -> Result<()> {
+    fn launch(&self, kind: JobKind, job_id: u64, block_ids: Vec<u64>, keys: KeyBatch) -> Result<()> {
         let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
         let Some(runtime) = runtime.as_ref() else {
             let e = Error::new(Status::ShutDown, "submit after shutdown");
@@ -688,7 +686,7 @@ impl Tier {
         let shared = self.shared.clone();
         let submitted = Instant::now();
         runtime.spawn(async move {
-            let job = run_job(shared.clone(), kind, job_id, block_ids, keys.clone(), names, submitted);
+            let job = run_job(shared.clone(), kind, job_id, block_ids, keys.clone(), submitted);
             let result = match std::panic::AssertUnwindSafe(job).catch_unwind().await {
                 Ok(result) => result,
                 Err(panic) => {
@@ -938,9 +936,17 @@ async fn run_job(
     job_id: u64,
     block_ids: Vec<u64>,
     keys: KeyBatch,
-    names: Vec<Path>,
     submitted: Instant,
 ) -> JobResult {
+    // Keys were validated at submit; names are built from validated segments, so
+    // `Path::parse` takes them without re-encoding.
+    let names: Vec<Path> = keys
+        .iter()
+        .map(|key| {
+            let name = shared.layout.object_name(key).expect("keys are validated at submit");
+            Path::parse(&name).unwrap_or_else(|_| Path::from(name))
+        })
+        .collect();
     let pool = *shared.pool.get().expect("submit checks registration");
     let lease = MemoryLease::new();
     let outcomes: Vec<std::result::Result<(), Error>> = {
