@@ -200,6 +200,11 @@ typedef struct kvt_stats {
   uint64_t dedup_joined;
   // Store keys the store already held (conditional PUT answered 412).
   uint64_t dedup_already_stored;
+  // Loads and existence checks sent on the direct HTTP path (`store.direct_http`).
+  uint64_t direct_requests;
+  // Of those, the ones repeated through the general HTTP client after an unexpected
+  // answer or a transport error.
+  uint64_t direct_fallbacks;
 } kvt_stats;
 
 #ifdef __cplusplus

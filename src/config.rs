@@ -40,6 +40,11 @@ pub struct TierConfig {
     /// behind bulk transfers.
     #[serde(default = "default_inflight_lookups")]
     pub max_inflight_lookups: usize,
+    /// S3 stores: existence checks run on their own I/O thread and HTTP connections, so
+    /// that under saturating transfers they neither queue behind transfer tasks nor wait
+    /// for a pooled connection. Costs one thread.
+    #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    pub separate_lookup_lane: bool,
     /// Record a BlockStored event for every successful store job.
     #[serde(default)]
     pub enable_kv_events: bool,
@@ -191,6 +196,13 @@ pub struct S3Config {
     /// Allow plain http even to non-loopback endpoints.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     pub allow_http: bool,
+    /// Plain-http path-style endpoints: loads read response bodies straight into the
+    /// block and existence checks send HEADs on pooled connections, instead of going
+    /// through the general HTTP client (one copy and ~60 µs of CPU less per request).
+    /// Unexpected answers are repeated through the general client. HTTPS endpoints
+    /// always use the general client.
+    #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    pub direct_http: bool,
 }
 
 fn default_connect_timeout_ms() -> u64 {

@@ -9,7 +9,7 @@ pub mod key;
 pub mod lookup;
 pub mod namespace;
 pub mod pool;
-pub mod rawget;
+pub mod direct_http;
 pub mod store;
 pub mod tier;
 

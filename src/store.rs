@@ -23,6 +23,8 @@ use object_store::{
 use crate::config::{ChecksumPolicy, S3Config, Secret, StoreConfig};
 use crate::error::{Error, Result, Status};
 
+use crate::direct_http::DirectHttp;
+
 pub type DynStore = Arc<dyn ObjectStore>;
 
 /// Builds the store a configuration describes. Does no I/O except creating a local root
@@ -455,10 +457,11 @@ fn parse_ini(text: &str) -> Sections {
 // S3 store
 
 /// What the probe needs to know about an S3 store to explain a failure.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct StoreInfo {
     ca_bundle: String,
     credentials: CredentialSource,
+    direct: Option<Arc<DirectHttp>>,
 }
 
 type InfoRegistry = Mutex<Vec<(Weak<dyn ObjectStore>, StoreInfo)>>;
@@ -540,39 +543,16 @@ fn build_s3(s3: &S3Config) -> Result<DynStore> {
     let built = builder
         .build()
         .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?;
-    let raw = s3_endpoint(s3).and_then(|url| {
-        crate::rawget::RawGet::new(
-            &url,
-            &s3.bucket,
-            s3.use_virtual_addressing,
-            &region,
-            built.credentials().clone(),
-            Duration::from_millis(s3.request_timeout_ms),
-        )
-    });
+    let direct = s3_endpoint(s3).and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
     let store: DynStore = Arc::new(built);
-    remember_info(&store, StoreInfo { ca_bundle: s3.ca_bundle.clone(), credentials: resolved.source });
-    if let Some(raw) = raw {
-        let mut registry = raw_registry().lock().unwrap_or_else(|p| p.into_inner());
-        registry.retain(|(w, _)| w.strong_count() > 0);
-        registry.push((Arc::downgrade(&store), raw));
-    }
+    remember_info(&store, StoreInfo { ca_bundle: s3.ca_bundle.clone(), credentials: resolved.source, direct });
     Ok(store)
 }
 
-type RawRegistry = Mutex<Vec<(Weak<dyn ObjectStore>, Arc<crate::rawget::RawGet>)>>;
-
-fn raw_registry() -> &'static RawRegistry {
-    static RAW: OnceLock<RawRegistry> = OnceLock::new();
-    RAW.get_or_init(Default::default)
-}
-
-/// The zero-copy GET path of an S3 store, when its endpoint allows one (plain http,
-/// path-style): see [`crate::rawget`].
-pub fn raw_get_for(store: &DynStore) -> Option<Arc<crate::rawget::RawGet>> {
-    let weak = Arc::downgrade(store);
-    let registry = raw_registry().lock().unwrap_or_else(|p| p.into_inner());
-    registry.iter().find(|(w, _)| Weak::ptr_eq(w, &weak)).map(|(_, r)| r.clone())
+/// The direct HTTP path of an S3 store, when its configuration allows one: see
+/// [`crate::direct_http`].
+pub fn direct_http_for(store: &DynStore) -> Option<Arc<DirectHttp>> {
+    info_for(store)?.direct
 }
 
 fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {

@@ -20,6 +20,7 @@ use object_store::{
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
+use crate::direct_http::{DirectError, DirectHttp};
 use crate::config::{DedupMode, Locality, OnCorrupt, StoreConfig, TierConfig};
 use crate::lookup::{Answer, LookupResult, LookupTable, ProbeGroup};
 use crate::error::{Error, Result, Status};
@@ -199,10 +200,12 @@ pub(crate) struct Shared {
     uploads: Mutex<HashMap<Vec<u8>, Vec<tokio::sync::oneshot::Sender<Result<()>>>>>,
     /// Root of the local store: its checksums live in extended attributes.
     local_root: Option<std::path::PathBuf>,
-    /// Zero-copy GET path for loads (plain-http S3 endpoints), if any.
-    raw: Option<Arc<crate::rawget::RawGet>>,
-    /// The store client of the lookup lane (the transfer store unless separated).
+    /// The direct HTTP path of the transfer lane (plain-http S3 endpoints), if any.
+    direct: Option<Arc<DirectHttp>>,
+    /// The store client of the lookup lane (the transfer store unless separated), and
+    /// its own direct path: connections belong to the runtime that opened them.
     lookup_store: DynStore,
+    lookup_direct: Option<Arc<DirectHttp>>,
 }
 
 /// Counters since the tier was created.
@@ -219,6 +222,8 @@ pub struct Stats {
     pub dedup_known: AtomicU64,
     pub dedup_joined: AtomicU64,
     pub dedup_already_stored: AtomicU64,
+    pub direct_requests: AtomicU64,
+    pub direct_fallbacks: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -245,6 +250,11 @@ pub struct StatsSnapshot {
     pub dedup_joined: u64,
     /// Store keys the store already held (conditional PUT answered 412).
     pub dedup_already_stored: u64,
+    /// Loads and existence checks sent on the direct HTTP path (`store.direct_http`).
+    pub direct_requests: u64,
+    /// Of those, the ones repeated through the general HTTP client after an unexpected
+    /// answer or a transport error.
+    pub direct_fallbacks: u64,
 }
 
 impl Stats {
@@ -262,6 +272,8 @@ impl Stats {
             dedup_known: get(&self.dedup_known),
             dedup_joined: get(&self.dedup_joined),
             dedup_already_stored: get(&self.dedup_already_stored),
+            direct_requests: get(&self.direct_requests),
+            direct_fallbacks: get(&self.direct_fallbacks),
         }
     }
 }
@@ -450,18 +462,9 @@ impl Tier {
     pub fn new(config: TierConfig) -> Result<Tier> {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
-        // KVTIER_IO_NICE=N (1..19) lowers the transfer threads' CPU priority, so that on a
-        // saturated host the lookup lane (and the engine) runs first. Off by default.
-        let io_nice: i32 = std::env::var("KVTIER_IO_NICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.runtime_threads)
             .thread_name("kvtier-io")
-            .on_thread_start(move || {
-                if (1..20).contains(&io_nice) {
-                    // SAFETY: plain syscalls on the calling thread's own id.
-                    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, io_nice) };
-                }
-            })
             .enable_all()
             .build()
             .map_err(|e| Error::new(Status::Io, format!("cannot start I/O runtime: {e}")))?;
@@ -473,24 +476,23 @@ impl Tier {
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
-        let raw = store::raw_get_for(&store);
-        // KVTIER_LOOKUP_LANE=0 keeps lookups on the transfer runtime and client.
-        let separate_lane = std::env::var("KVTIER_LOOKUP_LANE").map_or(true, |v| v != "0");
-        let (lookup_runtime, lookup_store) = if separate_lane && matches!(config.store, StoreConfig::S3(_)) {
-            let rt = tokio::runtime::Builder::new_multi_thread()
+        let direct = store::direct_http_for(&store);
+        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
+            let lane = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .thread_name("kvtier-lookup")
                 .enable_all()
                 .build()
-                .map_err(|e| Error::new(Status::Io, format!("cannot start lookup runtime: {e}")))?;
-            let st = {
-                let _guard = rt.enter();
+                .map_err(|e| Error::new(Status::Io, format!("cannot start the lookup runtime: {e}")))?;
+            let lane_store = {
+                let _guard = lane.enter();
                 store::build_store(&config.store)?
             };
-            (Some(rt), st)
+            (Some(lane), lane_store)
         } else {
             (None, store.clone())
         };
+        let lookup_direct = store::direct_http_for(&lookup_store);
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         let local_root = match &config.store {
@@ -518,8 +520,9 @@ impl Tier {
             uploaded_crc: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             local_root,
+            direct,
             lookup_store,
-            raw,
+            lookup_direct,
         });
         log::info!("kvtier tier ready on {describe}");
         Ok(Tier {
@@ -1008,21 +1011,23 @@ fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
 }
 
 async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
-    if let Some(raw) = &shared.raw {
+    if let Some(direct) = &shared.direct {
         let block_bytes = pool.block_bytes();
         // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
         let dest = unsafe { std::slice::from_raw_parts_mut(pool.block_ptr(block), block_bytes) };
-        match raw.get_into(name.as_ref(), dest, shared.config.checksums).await {
-            Ok((recorded, computed)) => {
-                let uploaded = if shared.config.checksums { shared.uploaded_crc().get(key).copied() } else { None };
-                let expected = recorded.or(uploaded).filter(|_| shared.config.checksums);
-                return verify_loaded(shared, name, expected, computed).await;
+        let verify = shared.config.checksums;
+        shared.stats.direct_requests.fetch_add(1, Ordering::Relaxed);
+        match direct.get_into(name.as_ref(), dest, verify).await {
+            Ok((recorded, loaded)) => {
+                // The object's own record first; else what this tier uploaded under the key.
+                let expected = if verify { recorded.or_else(|| shared.uploaded_crc().get(key).copied()) } else { None };
+                return verify_loaded(shared, name, expected, loaded).await;
             }
-            Err(crate::rawget::RawError::Final(e)) => {
-                return Err(Error::new(e.status, format!("load {name}: {}", e.message)))
-            }
-            Err(crate::rawget::RawError::Fallback(why)) => {
-                log::debug!("load {name}: raw GET fell back to object_store: {why}");
+            Err(DirectError::Final(status, detail)) => return Err(Error::new(status, format!("load {name}: {detail}"))),
+            Err(DirectError::WrongLength(size)) => return Err(length_mismatch(name, size, block_bytes)),
+            Err(DirectError::Fallback(why)) => {
+                shared.stats.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+                log::debug!("load {name}: direct GET failed ({why}); repeating it through the store client");
             }
         }
     }
@@ -1114,12 +1119,18 @@ async fn load_block_object_store(shared: &Shared, key: &[u8], name: &Path, pool:
 
 /// Object metadata key of the CRC32C (8 lowercase hex digits) of a block's bytes.
 pub const CRC_METADATA: &str = "kvtier-crc32c";
+/// The same as an S3 response header.
+pub(crate) const CRC_HEADER: &str = "x-amz-meta-kvtier-crc32c";
+
+/// A recorded checksum: 8 hex digits.
+pub(crate) fn parse_crc(text: &str) -> Option<u32> {
+    u32::from_str_radix(text.trim(), 16).ok()
+}
 /// Extended attribute holding the same on the local store.
 const CRC_XATTR: &std::ffi::CStr = c"user.kvtier.crc32c";
 
 fn recorded_checksum(attributes: &Attributes) -> Option<u32> {
-    let value = attributes.get(&Attribute::Metadata(CRC_METADATA.into()))?;
-    u32::from_str_radix(value.as_ref(), 16).ok()
+    parse_crc(attributes.get(&Attribute::Metadata(CRC_METADATA.into()))?.as_ref())
 }
 
 fn set_local_checksum(path: &std::path::Path, crc: u32) {
@@ -1145,7 +1156,7 @@ fn local_checksum(file: &std::fs::File) -> Option<u32> {
     if n <= 0 {
         return None;
     }
-    std::str::from_utf8(&buf[..n as usize]).ok().and_then(|s| u32::from_str_radix(s, 16).ok())
+    std::str::from_utf8(&buf[..n as usize]).ok().and_then(parse_crc)
 }
 
 /// Decides the dedup mode: conditional PUT only where the store refuses a second create.
@@ -1195,9 +1206,14 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
             let name = shared.layout.object_name(&probe.key).map_err(|_| ())?;
-            if let Some(raw) = &shared.raw {
-                if let Ok(found) = raw.exists(&name).await {
-                    return Ok(found);
+            if let Some(direct) = &shared.lookup_direct {
+                shared.stats.direct_requests.fetch_add(1, Ordering::Relaxed);
+                match direct.exists(&name).await {
+                    Ok(found) => return Ok(found),
+                    Err(e) => {
+                        shared.stats.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+                        log::debug!("existence check {name}: direct HEAD failed ({e:?}); repeating it through the store client");
+                    }
                 }
             }
             store::exists(&shared.lookup_store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {

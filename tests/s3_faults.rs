@@ -142,6 +142,10 @@ fn connection_resets_and_cut_bodies_are_retried() {
     }
     let stats = rig.proxy.stats();
     assert!(stats.faults("drop_request") >= 1 && stats.faults("cut_response") >= 1, "{stats:?}");
+    // Loads try the direct HTTP path first, so the first dropped or cut GET was a direct
+    // one, repeated through the general client.
+    let tier_stats = tier.stats();
+    assert!(tier_stats.direct_fallbacks >= 1 && tier_stats.direct_requests >= 64, "{tier_stats:?}");
 }
 
 #[test]

@@ -75,6 +75,8 @@ STATS_FIELDS = (
     "dedup_known",
     "dedup_joined",
     "dedup_already_stored",
+    "direct_requests",
+    "direct_fallbacks",
 )
 
 
