@@ -26,6 +26,12 @@ options:
                       verify (default store,exists,load,verify); load and verify need
                       a store phase first
   --repeat N          run the phases N times with fresh keys (default 1)
+  --duration SECS     keep running rounds (at least --repeat) until SECS have
+                      passed: a soak; reports resident memory after the first round
+                      and at the end
+  --key-sets N        rounds cycle over N sets of keys instead of a fresh set per
+                      round, so a soak's store does not grow without bound (pair
+                      it with dedup set to off in --config to rewrite every round)
   --no-checksums      turn off CRC32C checksums (to measure their cost)
   --config JSON       tier configuration (e.g. an S3 store; see the README)
   --config-file PATH  tier configuration read from a file
@@ -40,6 +46,8 @@ struct Options {
     concurrency: usize,
     workload: Vec<String>,
     repeat: usize,
+    duration: Option<Duration>,
+    key_sets: Option<usize>,
     checksums: bool,
     config: Option<String>,
     json: bool,
@@ -63,6 +71,8 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         concurrency: 16,
         workload: ["store", "exists", "load", "verify"].map(String::from).to_vec(),
         repeat: 1,
+        duration: None,
+        key_sets: None,
         checksums: true,
         config: None,
         json: false,
@@ -77,6 +87,8 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--keys-per-job" => o.keys_per_job = number("--keys-per-job", value("--keys-per-job")?)?,
             "--concurrency" => o.concurrency = number("--concurrency", value("--concurrency")?)?,
             "--repeat" => o.repeat = number("--repeat", value("--repeat")?)?,
+            "--key-sets" => o.key_sets = Some(number("--key-sets", value("--key-sets")?)?),
+            "--duration" => o.duration = Some(Duration::from_secs(number("--duration", value("--duration")?)? as u64)),
             "--workload" => o.workload = value("--workload")?.split(',').map(|s| s.trim().to_string()).collect(),
             "--no-checksums" => o.checksums = false,
             "--config" => o.config = Some(value("--config")?),
@@ -176,6 +188,24 @@ fn thread_cpu() -> f64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// Rounds run and resident memory over them, for soaks.
+struct Soak {
+    rounds: usize,
+    seconds: f64,
+    rss_after_first_round: u64,
+    rss_end: u64,
+    samples_kib: u64,
+}
+
+/// Resident memory now, in KiB (VmRSS), 0 where /proc is unavailable.
+fn resident_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().to_string())))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Client CPU seconds (user + system) and peak RSS in KiB, from getrusage.
@@ -377,9 +407,12 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     let mut phases: Vec<PhaseResult> = Vec::new();
     let mut verified = 0usize;
     let mut job_id = 0u64;
-    for round in 0..o.repeat {
-        let salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-            ^ round as u64;
+    let started = Instant::now();
+    let base_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut rss_after_first_round = 0u64;
+    let mut round = 0usize;
+    while round < o.repeat || o.duration.is_some_and(|d| started.elapsed() < d) {
+        let salt = base_salt ^ o.key_sets.map_or(round, |sets| round % sets.max(1)) as u64;
         let keys: Vec<Vec<u8>> = (0..n as u64).map(|i| key_for(i, salt)).collect();
         let mut make_jobs = |slot: &dyn Fn(usize) -> usize| -> Vec<(u64, Vec<u64>, KeyBatch)> {
             (0..n)
@@ -422,8 +455,19 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
                 None => phases.push(result),
             }
         }
+        if round == 0 {
+            rss_after_first_round = resident_kib();
+        }
+        round += 1;
     }
     let (_, rss_end) = rusage();
+    let soak = Soak {
+        rounds: round,
+        seconds: started.elapsed().as_secs_f64(),
+        rss_after_first_round,
+        rss_end: resident_kib(),
+        samples_kib: phases.iter().map(|p| p.latencies_ms.len() * 8).sum::<usize>() as u64 / 1024,
+    };
     tier.shutdown();
     // The checksum's own price, on this thread: a cold pass over the stored bytes (as a
     // store pays), and passes over 64 KiB chunks already in cache (as a load pays: it
@@ -443,7 +487,7 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     for p in &mut phases {
         p.latencies_ms.sort_by(|a, b| a.total_cmp(b));
     }
-    print_report(o, &phases, verified, rss_start, rss_end, &tier, checksum_cpu_per_gib);
+    print_report(o, &phases, verified, (rss_start, rss_end), &soak, &tier, checksum_cpu_per_gib);
     Ok(())
 }
 
@@ -451,8 +495,8 @@ fn print_report(
     o: &Options,
     phases: &[PhaseResult],
     verified: usize,
-    rss_start: u64,
-    rss_end: u64,
+    (rss_start, rss_end): (u64, u64),
+    soak: &Soak,
     tier: &Tier,
     checksum_cpu_per_gib: (f64, f64),
 ) {
@@ -477,6 +521,9 @@ fn print_report(
                 "concurrency": o.concurrency, "repeat": o.repeat, "checksums": o.checksums,
                 "phases": rows, "verified_blocks": verified,
                 "peak_rss_kib_after_setup": rss_start, "peak_rss_kib_end": rss_end,
+                "rounds": soak.rounds, "seconds": soak.seconds,
+                "rss_kib_after_first_round": soak.rss_after_first_round, "rss_kib_end": soak.rss_end,
+                "latency_samples_kib": soak.samples_kib,
                 "corrupt_blocks": stats.corrupt_blocks, "existence_checks": stats.existence_checks,
                 "checksum_cpu_s_per_gib_cold": checksum_cpu_per_gib.0,
                 "checksum_cpu_s_per_gib_in_cache": checksum_cpu_per_gib.1,
@@ -488,7 +535,7 @@ fn print_report(
         "kvtier bench: {} blocks of {} KiB x {} round(s), {} key(s) per job, {} jobs in flight, checksums {}",
         o.blocks,
         o.block_size / 1024,
-        o.repeat,
+        soak.rounds,
         o.keys_per_job,
         o.concurrency,
         if o.checksums { "on" } else { "off" }
@@ -519,6 +566,16 @@ fn print_report(
         println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
     }
     println!("  peak RSS: {} MiB after setup, {} MiB at the end", rss_start / 1024, rss_end / 1024);
+    if soak.rounds > 1 {
+        println!(
+            "  resident: {:.1} MiB after round 1, {:.1} MiB after round {} ({:.0} s); the bench's own latency samples hold {:.1} MiB",
+            soak.rss_after_first_round as f64 / 1024.0,
+            soak.rss_end as f64 / 1024.0,
+            soak.rounds,
+            soak.seconds,
+            soak.samples_kib as f64 / 1024.0
+        );
+    }
     println!(
         "  checksum cost (CRC32C{}): {:.3} CPU-s/GiB over cold memory (store), {:.3} in cache (load)",
         if o.checksums { "" } else { ", off in this run" },
