@@ -462,32 +462,14 @@ impl Tier {
     pub fn new(config: TierConfig) -> Result<Tier> {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.runtime_threads)
-            .thread_name("kvtier-io")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::new(Status::Io, format!("cannot start I/O runtime: {e}")))?;
-        let store = {
-            let _guard = runtime.enter();
-            store::build_store(&config.store)?
-        };
+        let (runtime, store) = runtime_with_store(&config.store, config.runtime_threads, "kvtier-io")?;
         let describe = describe_store(&config);
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
         let direct = store::direct_http_for(&store);
         let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
-            let lane = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("kvtier-lookup")
-                .enable_all()
-                .build()
-                .map_err(|e| Error::new(Status::Io, format!("cannot start the lookup runtime: {e}")))?;
-            let lane_store = {
-                let _guard = lane.enter();
-                store::build_store(&config.store)?
-            };
+            let (lane, lane_store) = runtime_with_store(&config.store, 1, "kvtier-lookup")?;
             (Some(lane), lane_store)
         } else {
             (None, store.clone())
@@ -1003,6 +985,22 @@ async fn run_job(
         keys,
         message,
     }
+}
+
+/// An I/O runtime and a store client built inside it (an HTTP client's connections
+/// belong to the runtime that opens them).
+fn runtime_with_store(config: &StoreConfig, threads: usize, name: &str) -> Result<(Runtime, DynStore)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new(Status::Io, format!("cannot start the {name} runtime: {e}")))?;
+    let store = {
+        let _guard = runtime.enter();
+        store::build_store(config)?
+    };
+    Ok((runtime, store))
 }
 
 fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
