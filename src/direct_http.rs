@@ -37,6 +37,10 @@ const MAX_RESPONSE_HEAD: usize = 16 << 10;
 const MAX_ERROR_BODY: usize = 64 << 10;
 /// Bytes read per `read()` into the block: small enough that the CRC runs over cached data.
 const READ_PIECE: usize = 512 << 10;
+/// Body reads wake up once this many bytes are buffered (SO_RCVLOWAT), not per segment:
+/// a server that sends in small pieces would otherwise cost a wake-up and a read() per
+/// piece.
+const WAKE_BYTES: usize = 256 << 10;
 /// Idle connections kept for reuse.
 const MAX_IDLE_CONNECTIONS: usize = 1024;
 
@@ -354,7 +358,13 @@ async fn get_exchange(conn: &mut TcpStream, request: &[u8], dest: &mut [u8], crc
     dest[..early.len()].copy_from_slice(early);
     let mut sum = if crc { crc32c::crc32c(early) } else { 0 };
     let mut done = early.len();
+    let mut wake_at = 1;
     while done < dest.len() {
+        let want = (dest.len() - done).min(WAKE_BYTES);
+        if want != wake_at {
+            set_receive_low_water(conn, want);
+            wake_at = want;
+        }
         let piece = (dest.len() - done).min(READ_PIECE);
         let n = conn.read(&mut dest[done..done + piece]).await?;
         if n == 0 {
@@ -365,7 +375,28 @@ async fn get_exchange(conn: &mut TcpStream, request: &[u8], dest: &mut [u8], crc
         }
         done += n;
     }
+    if wake_at != 1 {
+        // A pooled connection must wake on its next response's first byte.
+        set_receive_low_water(conn, 1);
+    }
     Ok((Ok((head.recorded_crc, sum)), !head.close))
+}
+
+/// Sets SO_RCVLOWAT: readiness is reported once `bytes` are buffered (or at EOF). Best
+/// effort: where it fails, reads simply wake up more often.
+fn set_receive_low_water(conn: &TcpStream, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let value = bytes.min(i32::MAX as usize) as libc::c_int;
+    // SAFETY: a valid socket descriptor owned by `conn`, and a c_int option value.
+    unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 /// Reads a non-2xx answer's (small) body so the connection stays usable, and classifies

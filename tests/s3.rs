@@ -279,13 +279,18 @@ fn tier_restarts_on_the_same_bucket(srv: &Server) {
 
 fn direct_path_carries_loads_and_lookups(srv: &Server) {
     // The same workload with the direct HTTP path on (the default for plain-http
-    // endpoints) and off: identical bytes and answers, and the counters say which path
-    // carried the requests. On s3s-fs a wrong signature would be refused (and counted as
-    // a fallback), so zero fallbacks there also proves the direct path's SigV4.
+    // endpoints), on with lookups sharing the transfer lane's connections, and off:
+    // identical bytes and answers, and the counters say which path carried the requests.
+    // On s3s-fs a wrong signature would be refused (and counted as a fallback), so zero
+    // fallbacks there also proves the direct path's SigV4. Loads run twice, so pooled
+    // connections are reused: a connection left waiting for a large read (SO_RCVLOWAT)
+    // would time out on its next, small response head and count as a fallback.
     let bucket = srv.new_bucket();
-    for (run, direct) in [(0u64, true), (1, false)] {
+    for (run, direct, separate_lane) in [(0u64, true, true), (1, true, false), (2, false, true)] {
         let store = with(srv.store_json(&bucket), "direct_http", json!(direct));
-        let tier = tier(store);
+        let config = tier_json(store, json!({"separate_lookup_lane": separate_lane}));
+        let tier = Tier::from_json(&config).unwrap_or_else(|e| panic!("tier start failed: {e}"));
+        let case = format!("direct_http={direct} separate_lookup_lane={separate_lane}");
         let mut pool = Pool::new(16, BLOCK);
         pool.fill_random(30 + run);
         pool.register(&tier);
@@ -293,25 +298,27 @@ fn direct_path_carries_loads_and_lookups(srv: &Server) {
         let stored_keys: Vec<u64> = ids.iter().map(|i| run * 100 + i).collect();
         tier.submit(JobKind::Store, 1, &ids, keys(&stored_keys)).unwrap();
         assert!(wait_all(&tier, 1)[&1].succeeded());
-        let slots: Vec<u64> = (8..12).collect();
-        tier.submit(JobKind::Load, 2, &slots, keys(&stored_keys)).unwrap();
-        let r = wait_all(&tier, 1).remove(&2).unwrap();
-        assert_eq!(r.key_status, vec![Status::Ok; 4], "{}", r.message);
-        for (i, slot) in ids.iter().zip(&slots) {
-            assert!(pool.block(*i) == pool.block(*slot), "direct_http={direct}: block {i} differs in slot {slot}");
+        for (job, first_slot) in [(2u64, 8u64), (3, 12)] {
+            let slots: Vec<u64> = (first_slot..first_slot + 4).collect();
+            tier.submit(JobKind::Load, job, &slots, keys(&stored_keys)).unwrap();
+            let r = wait_all(&tier, 1).remove(&job).unwrap();
+            assert_eq!(r.key_status, vec![Status::Ok; 4], "{case}: {}", r.message);
+            for (i, slot) in ids.iter().zip(&slots) {
+                assert!(pool.block(*i) == pool.block(*slot), "{case}: block {i} differs in slot {slot}");
+            }
         }
         let absent = key(run * 100 + 50);
         for k in &stored_keys {
-            assert_eq!(resolve_lookup(&tier, 7, &key(*k)), LookupResult::Hit, "direct_http={direct}: key {k}");
+            assert_eq!(resolve_lookup(&tier, 7, &key(*k)), LookupResult::Hit, "{case}: key {k}");
         }
-        assert_eq!(resolve_lookup(&tier, 7, &absent), LookupResult::Miss, "direct_http={direct}");
+        assert_eq!(resolve_lookup(&tier, 7, &absent), LookupResult::Miss, "{case}");
         let stats = tier.stats();
-        assert_eq!(stats.existence_checks, 5, "{stats:?}");
+        assert_eq!(stats.existence_checks, 5, "{case}: {stats:?}");
         if direct {
-            assert_eq!(stats.direct_requests, 4 + 5, "4 loads and 5 HEADs go direct: {stats:?}");
-            assert_eq!(stats.direct_fallbacks, 0, "{stats:?}");
+            assert_eq!(stats.direct_requests, 8 + 5, "{case}: 8 loads and 5 HEADs go direct: {stats:?}");
+            assert_eq!(stats.direct_fallbacks, 0, "{case}: {stats:?}");
         } else {
-            assert_eq!(stats.direct_requests, 0, "{stats:?}");
+            assert_eq!(stats.direct_requests, 0, "{case}: {stats:?}");
         }
     }
 }
