@@ -45,6 +45,12 @@ pub struct TierConfig {
     /// for a pooled connection. Costs one thread.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     pub separate_lookup_lane: bool,
+    /// Nice value (0..=19) of the transfer threads: above 0, the engine's own threads and
+    /// the lookup lane win the CPU when a host is saturated, at some cost in transfer
+    /// throughput there. Linux only lets a thread lower its own priority, so no
+    /// privilege is needed.
+    #[serde(default)]
+    pub transfer_thread_nice: i32,
     /// Record a BlockStored event for every successful store job.
     #[serde(default)]
     pub enable_kv_events: bool,
@@ -326,6 +332,12 @@ impl TierConfig {
                 return Err(Error::config(format!("{name} is {value}; it must be 1..={max}")));
             }
         }
+        if !(0..=19).contains(&self.transfer_thread_nice) {
+            return Err(Error::config(format!(
+                "transfer_thread_nice is {}; it must be 0..=19",
+                self.transfer_thread_nice
+            )));
+        }
         if let StoreConfig::S3(s3) = &self.store {
             s3.validate()?;
         }
@@ -417,6 +429,11 @@ mod tests {
         assert!(e.message.contains("runtime_threads"));
         let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"key_bytes":3}"#).unwrap_err();
         assert!(e.message.contains("key_bytes"));
+        for nice in ["-1", "20"] {
+            let json = format!(r#"{{"store":{{"type":"memory"}},"transfer_thread_nice":{nice}}}"#);
+            let e = TierConfig::from_json(&json).unwrap_err();
+            assert!(e.message.contains("transfer_thread_nice"), "{}", e.message);
+        }
     }
 
     #[test]

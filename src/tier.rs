@@ -462,14 +462,14 @@ impl Tier {
     pub fn new(config: TierConfig) -> Result<Tier> {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
-        let (runtime, store) = runtime_with_store(&config.store, config.runtime_threads, "kvtier-io")?;
+        let (runtime, store) = runtime_with_store(&config.store, config.runtime_threads, "kvtier-io", config.transfer_thread_nice)?;
         let describe = describe_store(&config);
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
         let direct = store::direct_http_for(&store);
         let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
-            let (lane, lane_store) = runtime_with_store(&config.store, 1, "kvtier-lookup")?;
+            let (lane, lane_store) = runtime_with_store(&config.store, 1, "kvtier-lookup", 0)?;
             (Some(lane), lane_store)
         } else {
             (None, store.clone())
@@ -989,10 +989,16 @@ async fn run_job(
 
 /// An I/O runtime and a store client built inside it (an HTTP client's connections
 /// belong to the runtime that opens them).
-fn runtime_with_store(config: &StoreConfig, threads: usize, name: &str) -> Result<(Runtime, DynStore)> {
+fn runtime_with_store(config: &StoreConfig, threads: usize, name: &str, nice: i32) -> Result<(Runtime, DynStore)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name(name)
+        .on_thread_start(move || {
+            if nice > 0 {
+                // SAFETY: a plain syscall on the calling thread's own id.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+            }
+        })
         .enable_all()
         .build()
         .map_err(|e| Error::new(Status::Io, format!("cannot start the {name} runtime: {e}")))?;

@@ -301,3 +301,32 @@ fn drain_times_out_cleanly_and_tier_stays_usable() {
     let results = wait_all(&tier, 2);
     assert!(results[&2].succeeded());
 }
+
+/// Nice values of this process's threads named `name`, from /proc.
+fn thread_nice_values(name: &str) -> Vec<i64> {
+    let mut values = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+        // Fields after the parenthesised command: state is field 3, nice field 19.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        values.push(after.split(' ').nth(16).unwrap().parse().unwrap());
+    }
+    values
+}
+
+#[test]
+fn transfer_threads_take_the_configured_nice_value() {
+    let tier = Tier::from_json(r#"{"store":{"type":"memory"},"transfer_thread_nice":7,"runtime_threads":2}"#).unwrap();
+    let mut pool = Pool::new(4);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    // Tiers of tests running alongside have transfer threads at 0; only this one's are at 7.
+    let niced = thread_nice_values("kvtier-io");
+    assert!(niced.iter().filter(|&&n| n == 7).count() >= 2, "two transfer threads at nice 7 expected: {niced:?}");
+    tier.shutdown();
+}

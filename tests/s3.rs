@@ -323,20 +323,6 @@ fn direct_path_carries_loads_and_lookups(srv: &Server) {
     }
 }
 
-/// Calls lookup until it stops answering Retry, ending a step between calls.
-fn resolve_lookup(tier: &Tier, request: u64, k: &[u8]) -> LookupResult {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let v = tier.lookup(request, k).unwrap();
-        if v != LookupResult::Retry {
-            return v;
-        }
-        assert!(std::time::Instant::now() < deadline, "lookup never resolved");
-        tier.schedule_end().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-}
-
 on_both_servers!(
     round_trip_non_identity_slots,
     large_blocks_and_many_jobs,

@@ -565,6 +565,20 @@ pub fn oob_get(store: &Value, name: &str) -> Option<Vec<u8>> {
     })
 }
 
+/// Calls lookup until it stops answering Retry, ending a step between calls.
+pub fn resolve_lookup(tier: &Tier, request: u64, k: &[u8]) -> kvtier::LookupResult {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let v = tier.lookup(request, k).unwrap();
+        if v != kvtier::LookupResult::Retry {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "lookup never resolved");
+        tier.schedule_end().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Defines each named test body (`fn(&Server)`) as two tests: one on a fresh s3s-fs, one
 /// on the test binary's shared moto_server.
 #[allow(unused_macros)]
