@@ -119,10 +119,7 @@ impl DirectHttp {
         }
         let credential = self.credential().await?;
         let request = self.request_head("GET", name, Some(dest.len()), &credential, utc_now(), "UNSIGNED-PAYLOAD");
-        match self.round_trip(&request, &mut Exchange::Get { dest, crc }).await? {
-            Answer::Get(outcome) => outcome,
-            Answer::Head(_) => unreachable!("a GET exchange answers Get"),
-        }
+        self.round_trip(&request, &mut GetInto { dest, crc }).await?
     }
 
     /// Whether object `name` exists, by HEAD: `Ok(true)` on 200, `Ok(false)` on 404.
@@ -131,11 +128,10 @@ impl DirectHttp {
     pub async fn exists(&self, name: &str) -> Result<bool, DirectError> {
         let credential = self.credential().await?;
         let request = self.request_head("HEAD", name, None, &credential, utc_now(), "UNSIGNED-PAYLOAD");
-        match self.round_trip(&request, &mut Exchange::Head).await? {
-            Answer::Head(200) => Ok(true),
-            Answer::Head(404) => Ok(false),
-            Answer::Head(other) => Err(DirectError::Fallback(format!("HEAD answered {other}"))),
-            Answer::Get(_) => unreachable!("a HEAD exchange answers Head"),
+        match self.round_trip(&request, &mut Head).await? {
+            200 => Ok(true),
+            404 => Ok(false),
+            other => Err(DirectError::Fallback(format!("HEAD answered {other}"))),
         }
     }
 
@@ -146,7 +142,7 @@ impl DirectHttp {
     /// Runs one request/response exchange on a pooled or new connection. A pooled
     /// connection the server closed while idle (keep-alive timeout) is replaced once by a
     /// fresh one.
-    async fn round_trip(&self, request: &[u8], exchange: &mut Exchange<'_>) -> Result<Answer, DirectError> {
+    async fn round_trip<E: Exchange>(&self, request: &[u8], exchange: &mut E) -> Result<E::Answer, DirectError> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let reused = pooled.is_some();
         let mut conn = match pooled {
@@ -243,30 +239,33 @@ impl DirectHttp {
     }
 }
 
-/// What one exchange does with the response.
-enum Exchange<'a> {
-    Get { dest: &'a mut [u8], crc: bool },
-    Head,
-}
-
-enum Answer {
-    Get(GetOutcome),
-    Head(u16),
-}
-
-impl Exchange<'_> {
+/// One request/response exchange on a connection: what it reads, and into where.
+trait Exchange {
+    type Answer;
     /// Returns the answer and whether the connection can be reused.
-    async fn run(&mut self, conn: &mut TcpStream, request: &[u8]) -> io::Result<(Answer, bool)> {
-        Ok(match self {
-            Exchange::Get { dest, crc } => {
-                let (outcome, reusable) = get_exchange(conn, request, dest, *crc).await?;
-                (Answer::Get(outcome), reusable)
-            }
-            Exchange::Head => {
-                let (status, reusable) = head_exchange(conn, request).await?;
-                (Answer::Head(status), reusable)
-            }
-        })
+    async fn run(&mut self, conn: &mut TcpStream, request: &[u8]) -> io::Result<(Self::Answer, bool)>;
+}
+
+/// A ranged GET whose body goes into `dest`.
+struct GetInto<'a> {
+    dest: &'a mut [u8],
+    crc: bool,
+}
+
+impl Exchange for GetInto<'_> {
+    type Answer = GetOutcome;
+    async fn run(&mut self, conn: &mut TcpStream, request: &[u8]) -> io::Result<(GetOutcome, bool)> {
+        get_exchange(conn, request, self.dest, self.crc).await
+    }
+}
+
+/// A HEAD: the answer is the status.
+struct Head;
+
+impl Exchange for Head {
+    type Answer = u16;
+    async fn run(&mut self, conn: &mut TcpStream, request: &[u8]) -> io::Result<(u16, bool)> {
+        head_exchange(conn, request).await
     }
 }
 
@@ -410,10 +409,16 @@ async fn error_answer(conn: &mut TcpStream, head: &ResponseHead, length: usize, 
     conn.read_exact(&mut body[early.len()..]).await?;
     let text = String::from_utf8_lossy(&body);
     let code = crate::store::s3_error_code(&text).unwrap_or("");
-    let outcome = match (head.status, code) {
-        (404, "NoSuchBucket") => DirectError::Final(Status::BucketNotFound, format!("HTTP 404 {code}")),
-        (404, _) => DirectError::Final(Status::NotFound, format!("HTTP 404 {code}")),
-        (status, code) => DirectError::Fallback(format!("HTTP {status} {code}")),
+    let outcome = match head.status {
+        // A missing bucket or key, by the store's own reading of the error code.
+        404 => {
+            let status = match crate::store::status_of_s3_code(code) {
+                Some(Status::BucketNotFound) => Status::BucketNotFound,
+                _ => Status::NotFound,
+            };
+            DirectError::Final(status, format!("HTTP 404 {code}"))
+        }
+        status => DirectError::Fallback(format!("HTTP {status} {code}")),
     };
     Ok((Err(outcome), !head.close))
 }

@@ -518,7 +518,8 @@ fn build_s3(s3: &S3Config) -> Result<DynStore> {
     if s3.req_checksum == Some(ChecksumPolicy::Supported) {
         builder = builder.with_checksum_algorithm(Checksum::SHA256);
     }
-    if let Some(url) = s3_endpoint(s3) {
+    let endpoint = s3_endpoint(s3);
+    if let Some(url) = &endpoint {
         builder = builder.with_endpoint(url);
     }
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -543,7 +544,7 @@ fn build_s3(s3: &S3Config) -> Result<DynStore> {
     let built = builder
         .build()
         .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?;
-    let direct = s3_endpoint(s3).and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
+    let direct = endpoint.and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
     let store: DynStore = Arc::new(built);
     remember_info(&store, StoreInfo { ca_bundle: s3.ca_bundle.clone(), credentials: resolved.source, direct });
     Ok(store)
@@ -575,7 +576,7 @@ pub fn s3_error_code(text: &str) -> Option<&str> {
     Some(&text[start..start + len])
 }
 
-fn status_of_s3_code(code: &str) -> Option<Status> {
+pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
     Some(match code {
         "NoSuchBucket" => Status::BucketNotFound,
         "NoSuchKey" | "NotFound" => Status::NotFound,
