@@ -1,9 +1,12 @@
 //! Lookups, events and per-key failure marking through the engine.
 
-use std::time::{Duration, Instant};
+mod support;
+
+use std::time::Duration;
 
 use kvtier::key::make_key;
 use kvtier::{JobKind, KeyBatch, LookupResult, Status, Tier};
+use support::resolve_lookup as resolve;
 
 const BLOCK: usize = 4096;
 
@@ -15,20 +18,6 @@ fn key(i: u64) -> Vec<u8> {
 
 fn batch(ids: &[u64]) -> KeyBatch {
     KeyBatch::from_keys(&ids.iter().map(|&i| key(i)).collect::<Vec<_>>()).unwrap()
-}
-
-/// Calls lookup until it stops answering Retry, ending a step between calls.
-fn resolve(tier: &Tier, request: u64, k: &[u8]) -> LookupResult {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v = tier.lookup(request, k).unwrap();
-        if v != LookupResult::Retry {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "lookup never resolved");
-        tier.schedule_end().unwrap();
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 fn tier(extra: &str) -> (Tier, Vec<u8>) {

@@ -194,8 +194,8 @@ fn thread_cpu() -> f64 {
 struct Soak {
     rounds: usize,
     seconds: f64,
-    rss_after_first_round: u64,
-    rss_end: u64,
+    resident_after_first_round: u64,
+    resident_end: u64,
     samples_kib: u64,
 }
 
@@ -402,14 +402,14 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     let mut pool = vec![0u8; 2 * n * bs];
     fill(&mut pool, 0x5eed);
     unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }.map_err(|e| e.to_string())?;
-    let (_, rss_start) = rusage();
+    let (_, peak_rss_start) = rusage();
     let slot_of = |i: usize| -> usize { n + (i * 7919 + 13) % n };
     let mut phases: Vec<PhaseResult> = Vec::new();
     let mut verified = 0usize;
     let mut job_id = 0u64;
     let started = Instant::now();
     let base_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let mut rss_after_first_round = 0u64;
+    let mut resident_after_first_round = 0u64;
     let mut round = 0usize;
     while round < o.repeat || o.duration.is_some_and(|d| started.elapsed() < d) {
         let salt = base_salt ^ o.key_sets.map_or(round, |sets| round % sets.max(1)) as u64;
@@ -456,16 +456,16 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
             }
         }
         if round == 0 {
-            rss_after_first_round = resident_kib();
+            resident_after_first_round = resident_kib();
         }
         round += 1;
     }
-    let (_, rss_end) = rusage();
+    let (_, peak_rss_end) = rusage();
     let soak = Soak {
         rounds: round,
         seconds: started.elapsed().as_secs_f64(),
-        rss_after_first_round,
-        rss_end: resident_kib(),
+        resident_after_first_round,
+        resident_end: resident_kib(),
         samples_kib: phases.iter().map(|p| p.latencies_ms.len() * 8).sum::<usize>() as u64 / 1024,
     };
     tier.shutdown();
@@ -487,7 +487,7 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     for p in &mut phases {
         p.latencies_ms.sort_by(|a, b| a.total_cmp(b));
     }
-    print_report(o, &phases, verified, (rss_start, rss_end), &soak, &tier, checksum_cpu_per_gib);
+    print_report(o, &phases, verified, (peak_rss_start, peak_rss_end), &soak, &tier, checksum_cpu_per_gib);
     Ok(())
 }
 
@@ -495,7 +495,7 @@ fn print_report(
     o: &Options,
     phases: &[PhaseResult],
     verified: usize,
-    (rss_start, rss_end): (u64, u64),
+    (peak_rss_start, peak_rss_end): (u64, u64),
     soak: &Soak,
     tier: &Tier,
     checksum_cpu_per_gib: (f64, f64),
@@ -520,9 +520,9 @@ fn print_report(
                 "blocks": o.blocks, "block_bytes": o.block_size, "keys_per_job": o.keys_per_job,
                 "concurrency": o.concurrency, "repeat": o.repeat, "checksums": o.checksums,
                 "phases": rows, "verified_blocks": verified,
-                "peak_rss_kib_after_setup": rss_start, "peak_rss_kib_end": rss_end,
+                "peak_rss_kib_after_setup": peak_rss_start, "peak_rss_kib_end": peak_rss_end,
                 "rounds": soak.rounds, "seconds": soak.seconds,
-                "rss_kib_after_first_round": soak.rss_after_first_round, "rss_kib_end": soak.rss_end,
+                "rss_kib_after_first_round": soak.resident_after_first_round, "rss_kib_end": soak.resident_end,
                 "latency_samples_kib": soak.samples_kib,
                 "corrupt_blocks": stats.corrupt_blocks, "existence_checks": stats.existence_checks,
                 "checksum_cpu_s_per_gib_cold": checksum_cpu_per_gib.0,
@@ -565,12 +565,12 @@ fn print_report(
     if phases.iter().any(|p| p.name == "exists") {
         println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
     }
-    println!("  peak RSS: {} MiB after setup, {} MiB at the end", rss_start / 1024, rss_end / 1024);
+    println!("  peak RSS: {} MiB after setup, {} MiB at the end", peak_rss_start / 1024, peak_rss_end / 1024);
     if soak.rounds > 1 {
         println!(
             "  resident: {:.1} MiB after round 1, {:.1} MiB after round {} ({:.0} s); the bench's own latency samples hold {:.1} MiB",
-            soak.rss_after_first_round as f64 / 1024.0,
-            soak.rss_end as f64 / 1024.0,
+            soak.resident_after_first_round as f64 / 1024.0,
+            soak.resident_end as f64 / 1024.0,
             soak.rounds,
             soak.seconds,
             soak.samples_kib as f64 / 1024.0
