@@ -1431,6 +1431,91 @@ static void test_null_arrays_huge_num_keys(void)
     fixture_close(&f);
 }
 
+/* Huge key lengths are INVALID_ARGUMENT with exactly one result; nothing is sized by
+ * them (a copy or an allocation of key_len * num_keys bytes would crash or abort). */
+static void test_huge_key_len(void)
+{
+    static const size_t lens[] = {SIZE_MAX, SIZE_MAX - 15, SIZE_MAX / 2, (size_t)1 << 40, 69, 6, 0};
+    fixture f;
+    uint64_t ids[2] = {0, 1};
+    uint8_t keys[2 * KEY_LEN];
+    size_t i, n;
+    int kind;
+    uint64_t id = 1;
+    owned_result r;
+    kvt_lookup_result verdict = KVT_LOOKUP_RESULT_HIT;
+
+    rng_fill(keys, sizeof keys);
+    if (!fixture_open(&f, "memory", 2, 4096, ",\"key_bytes\":0")) {
+        fixture_close(&f);
+        return;
+    }
+    for (i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        for (n = 1; n <= 2; n++) {
+            for (kind = 0; kind < 2; kind++) {
+                kvt_status s = submit_kind(f.tier, kind ? KVT_JOB_KIND_LOAD : KVT_JOB_KIND_STORE, id, ids, keys,
+                                           lens[i], n);
+                CHECKF(s == KVT_STATUS_INVALID_ARGUMENT, "key_len %zu, %zu keys, kind %d: returned %d (%s)", lens[i],
+                       n, kind, (int)s, kvt_status_str(s));
+                memset(&r, 0, sizeof r);
+                if (expect_one_queued(&f, id, &r)) {
+                    CHECKF(r.status == KVT_STATUS_INVALID_ARGUMENT, "key_len %zu: result status %d", lens[i],
+                           (int)r.status);
+                    CHECKF(r.num_keys == n, "key_len %zu: result has %zu keys, want %zu", lens[i], r.num_keys, n);
+                }
+                free_results(&r, 1);
+                id++;
+            }
+        }
+        CHECKF(kvt_tier_lookup(f.tier, 1, keys, lens[i], &verdict) == KVT_STATUS_INVALID_ARGUMENT,
+               "lookup with key_len %zu", lens[i]);
+        CHECK(verdict == KVT_LOOKUP_RESULT_HIT); /* not written on error */
+    }
+    CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
+    fixture_close(&f);
+}
+
+/* KVT_MAX_KEYS_PER_JOB is the limit; job ids 0 and UINT64_MAX are ordinary ids. */
+static void test_job_size_and_id_extremes(void)
+{
+    fixture f;
+    owned_result r;
+    uint64_t ids[1] = {0}, extremes[2] = {0, UINT64_MAX};
+    uint8_t *keys = make_keys(1);
+    size_t i;
+
+    memset(&r, 0, sizeof r);
+    if (!fixture_open(&f, "memory", 1, 4096, "")) {
+        goto out;
+    }
+    /* One past the limit: INVALID_ARGUMENT, even before the NULL arrays are looked at. */
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 7, NULL, NULL, KEY_LEN, (size_t)KVT_MAX_KEYS_PER_JOB + 1),
+                 KVT_STATUS_INVALID_ARGUMENT);
+    if (expect_one_queued(&f, 7, &r)) {
+        CHECK(r.status == KVT_STATUS_INVALID_ARGUMENT);
+    }
+    free_results(&r, 1);
+    memset(&r, 0, sizeof r);
+    /* At the limit, NULL arrays are the error, with one status per key. */
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, 8, NULL, NULL, KEY_LEN, KVT_MAX_KEYS_PER_JOB),
+                 KVT_STATUS_NULL_ARGUMENT);
+    if (expect_one_queued(&f, 8, &r)) {
+        CHECK(r.status == KVT_STATUS_NULL_ARGUMENT && r.num_keys == KVT_MAX_KEYS_PER_JOB);
+    }
+    free_results(&r, 1);
+    memset(&r, 0, sizeof r);
+    for (i = 0; i < 2; i++) {
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, extremes[i], ids, keys, KEY_LEN, 1), KVT_STATUS_OK);
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, extremes[i], ids, keys, KEY_LEN, 1), KVT_STATUS_DUPLICATE_JOB);
+        /* A pending id resubmitted with bad arguments is still only a duplicate. */
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, extremes[i], NULL, NULL, SIZE_MAX, 2), KVT_STATUS_DUPLICATE_JOB);
+        wait_ok(&f, &extremes[i], 1, scaled_ms(5000));
+    }
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
 /* f. After kvt_tier_shutdown, calls return SHUT_DOWN; poll still works; idempotent. */
 static void test_after_shutdown(void)
 {
@@ -1863,6 +1948,8 @@ static const test_case k_cases[] = {
     {"load_length_mismatch", test_load_length_mismatch},
     {"key_bytes_any", test_key_bytes_any},
     {"null_arrays_huge_num_keys", test_null_arrays_huge_num_keys},
+    {"huge_key_len", test_huge_key_len},
+    {"job_size_and_id_extremes", test_job_size_and_id_extremes},
     {"after_shutdown", test_after_shutdown},
     {"poll_args", test_poll_args},
     {"last_error", test_last_error},

@@ -61,8 +61,8 @@
 // Key length of vLLM's default (SHA-256) block hash plus the group index.
 #define KVT_DEFAULT_KEY_BYTES 36
 
-// Most keys one job may carry.
-#define MAX_KEYS_PER_JOB (1 << 20)
+// Most keys one job may carry; a larger `num_keys` is KVT_STATUS_INVALID_ARGUMENT.
+#define KVT_MAX_KEYS_PER_JOB (1 << 20)
 
 // Outcome of a call, of a job, or of one key inside a job.
 //
@@ -178,7 +178,7 @@ typedef struct kvt_event {
   enum kvt_locality locality;
 } kvt_event;
 
-// A snapshot of [`Stats`].
+// A snapshot of the tier's counters.
 typedef struct kvt_stats {
   // Keys stored successfully.
   uint64_t keys_stored;
@@ -254,7 +254,10 @@ enum kvt_status kvt_tier_register_memory(struct kvt_tier *tier,
 // Submits a job that stores block `block_ids[i]` under key `i` for `i < num_keys`.
 //
 // * `keys`: `num_keys` keys of `key_len` bytes each, back to back. A key is a block hash
-//   followed by a 4-byte big-endian group index.
+//   followed by a 4-byte big-endian group index: `key_len` is 7 to 68, and equals the
+//   configured `key_bytes` unless that is 0. Any other `key_len`, however large, and a
+//   `num_keys` above KVT_MAX_KEYS_PER_JOB are KVT_STATUS_INVALID_ARGUMENT (with the
+//   job's one result); the arrays are not read then.
 // * `block_ids`, `keys`: borrowed for the call only (copied).
 // * The blocks themselves are read asynchronously: the caller must not modify them until
 //   the job's result has been returned by `kvt_tier_poll`.
@@ -342,8 +345,9 @@ void kvt_tier_free(struct kvt_tier *tier);
 // Verdicts are shared by every request that asked for the key and kept until the last of
 // them is finished with `kvt_tier_request_finished`. A load job that fails turns only its
 // failed keys into MISS for the requests holding them. `key` is borrowed for the call.
-// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length is
-// KVT_STATUS_INVALID_ARGUMENT; `*out_result` is written only on success. Thread-safe.
+// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length
+// (outside 7..68, or not the configured `key_bytes`) is KVT_STATUS_INVALID_ARGUMENT and
+// `key` is not read; `*out_result` is written only on success. Thread-safe.
 enum kvt_status kvt_tier_lookup(struct kvt_tier *tier,
                                 uint64_t req_id,
                                 const uint8_t *key,

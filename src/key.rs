@@ -14,10 +14,24 @@ pub const GROUP_BYTES: usize = 4;
 pub const MAX_HASH_BYTES: usize = 64;
 /// Shortest hash that still yields the 5 hex digits the layout shards on.
 pub const MIN_HASH_BYTES: usize = 3;
+/// Shortest key: the shortest hash plus the group index.
+pub const MIN_KEY_BYTES: usize = MIN_HASH_BYTES + GROUP_BYTES;
+/// Longest key: the longest hash plus the group index.
+pub const MAX_KEY_BYTES: usize = MAX_HASH_BYTES + GROUP_BYTES;
+
+/// Checks a key length that came from a caller before any memory is sized by it.
+pub fn check_key_len(key_len: usize) -> Result<()> {
+    if !(MIN_KEY_BYTES..=MAX_KEY_BYTES).contains(&key_len) {
+        return Err(Error::invalid(format!(
+            "key_len is {key_len}; a key is a {MIN_HASH_BYTES}..={MAX_HASH_BYTES} byte block hash followed by a {GROUP_BYTES}-byte group index ({MIN_KEY_BYTES}..={MAX_KEY_BYTES} bytes)"
+        )));
+    }
+    Ok(())
+}
 
 /// Splits a key into (hash, group index).
 pub fn split_key(key: &[u8]) -> Result<(&[u8], u32)> {
-    if key.len() < MIN_HASH_BYTES + GROUP_BYTES || key.len() > MAX_HASH_BYTES + GROUP_BYTES {
+    if key.len() < MIN_KEY_BYTES || key.len() > MAX_KEY_BYTES {
         return Err(Error::invalid(format!(
             "key is {} bytes; a key is a {}..={} byte block hash followed by a 4-byte group index",
             key.len(),
@@ -178,6 +192,12 @@ mod tests {
         assert_eq!(split_key(&[1, 2, 3, 4, 5, 6]).unwrap_err().status, crate::error::Status::InvalidArgument);
         assert!(split_key(&[0u8; 69]).is_err());
         assert!(split_key(&[0u8; 68]).is_ok());
+        for len in [0, 6, 69, 1 << 40, (1 << 63) - 1, usize::MAX - 15, usize::MAX] {
+            assert_eq!(check_key_len(len).unwrap_err().status, crate::error::Status::InvalidArgument, "{len}");
+        }
+        for len in [7, 36, 68] {
+            check_key_len(len).unwrap();
+        }
         assert!(KeyLayout::new("ok", "..").is_err());
         assert!(KeyLayout::new("ok", "x%y").is_err());
         assert!(KeyLayout::new("ok", "x\ny").is_err());

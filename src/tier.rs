@@ -226,7 +226,7 @@ pub struct Stats {
     pub direct_fallbacks: AtomicU64,
 }
 
-/// A snapshot of [`Stats`].
+/// A snapshot of the tier's counters.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {

@@ -44,3 +44,59 @@ fn every_exported_function_is_documented_in_the_header() {
     }
     assert!(functions >= 10, "found only {functions} functions in the header");
 }
+
+/// Every name the header declares carries the library's prefix (`kvt_` for types and
+/// functions, `KVT_`/`KVTIER_` for macros and enumerators), and no Rust doc-link syntax
+/// leaks into its comments.
+#[test]
+fn every_header_name_is_prefixed_and_comments_are_plain() {
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
+    let mut bad = Vec::new();
+    let mut in_enum = false;
+    for (i, line) in committed.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let n = i + 1;
+        if trimmed.starts_with("//") || trimmed.starts_with("/*") || trimmed.starts_with('*') {
+            if trimmed.contains("[`") || trimmed.contains("`]") || trimmed.contains("](") {
+                bad.push(format!("{n}: doc-link syntax in a comment: {line}"));
+            }
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix("#define ") {
+            let name = rest.split_whitespace().next().unwrap_or("");
+            if !(name.starts_with("KVT_") || name.starts_with("KVTIER_")) {
+                bad.push(format!("{n}: macro {name} lacks the KVT_ prefix"));
+            }
+        }
+        for keyword in ["typedef enum ", "typedef struct ", "enum ", "struct "] {
+            if let Some(rest) = trimmed.strip_prefix(keyword) {
+                let name = rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+                if !name.is_empty() && !name.starts_with("kvt_") {
+                    bad.push(format!("{n}: type {name} lacks the kvt_ prefix"));
+                }
+                break;
+            }
+        }
+        if trimmed.starts_with("typedef enum ") {
+            in_enum = true;
+            continue;
+        }
+        if in_enum {
+            if trimmed.starts_with('}') {
+                in_enum = false;
+            } else if let Some(name) = trimmed.split(|c: char| !(c.is_alphanumeric() || c == '_')).next() {
+                if !name.is_empty() && !name.starts_with("KVT_") {
+                    bad.push(format!("{n}: enumerator {name} lacks the KVT_ prefix"));
+                }
+            }
+        }
+        if !line.starts_with(' ') && line.contains('(') && line.trim_end().ends_with([',', ';']) {
+            let before = &line[..line.find('(').unwrap()];
+            let name = before.rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+            if !name.is_empty() && !name.starts_with("kvt_") && !name.starts_with("KVT_") {
+                bad.push(format!("{n}: function {name} lacks the kvt_ prefix"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "header names break the prefix rule:\n{}", bad.join("\n"));
+}

@@ -28,6 +28,8 @@ pub use boundary::kvt_last_error;
 pub const KVT_KEY_GROUP_BYTES: usize = 4;
 /// Key length of vLLM's default (SHA-256) block hash plus the group index.
 pub const KVT_DEFAULT_KEY_BYTES: usize = 36;
+/// Most keys one job may carry; a larger `num_keys` is KVT_STATUS_INVALID_ARGUMENT.
+pub const KVT_MAX_KEYS_PER_JOB: usize = 1 << 20;
 
 /// Tag of a live tier handle; checked on every call so that a stale handle is reported
 /// rather than used, as long as its memory was not reused.
@@ -224,8 +226,11 @@ unsafe fn submit(
                 Error::new(Status::NullArgument, format!("{which} is NULL with num_keys = {num_keys}")),
             ));
         }
-        if key_len == 0 {
-            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, Error::invalid("key_len is 0")));
+        // Every size below comes from the caller: check it before it sizes a slice, a copy
+        // or an allocation. A key is at most MAX_KEY_BYTES and a job at most
+        // MAX_KEYS_PER_JOB keys, so the product cannot overflow once both hold.
+        if let Err(e) = crate::key::check_key_len(key_len) {
+            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
         }
         let Some(total) = key_len.checked_mul(num_keys) else {
             return Err(handle.tier.submit_rejected(kind, job_id, num_keys, Error::invalid("key_len * num_keys overflows")));
@@ -243,7 +248,10 @@ unsafe fn submit(
 /// Submits a job that stores block `block_ids[i]` under key `i` for `i < num_keys`.
 ///
 /// * `keys`: `num_keys` keys of `key_len` bytes each, back to back. A key is a block hash
-///   followed by a 4-byte big-endian group index.
+///   followed by a 4-byte big-endian group index: `key_len` is 7 to 68, and equals the
+///   configured `key_bytes` unless that is 0. Any other `key_len`, however large, and a
+///   `num_keys` above KVT_MAX_KEYS_PER_JOB are KVT_STATUS_INVALID_ARGUMENT (with the
+///   job's one result); the arrays are not read then.
 /// * `block_ids`, `keys`: borrowed for the call only (copied).
 /// * The blocks themselves are read asynchronously: the caller must not modify them until
 ///   the job's result has been returned by `kvt_tier_poll`.
@@ -407,8 +415,9 @@ pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
 /// Verdicts are shared by every request that asked for the key and kept until the last of
 /// them is finished with `kvt_tier_request_finished`. A load job that fails turns only its
 /// failed keys into MISS for the requests holding them. `key` is borrowed for the call.
-/// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length is
-/// KVT_STATUS_INVALID_ARGUMENT; `*out_result` is written only on success. Thread-safe.
+/// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length
+/// (outside 7..68, or not the configured `key_bytes`) is KVT_STATUS_INVALID_ARGUMENT and
+/// `key` is not read; `*out_result` is written only on success. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_lookup(
     tier: *mut kvt_tier,
@@ -422,6 +431,7 @@ pub unsafe extern "C" fn kvt_tier_lookup(
         if key.is_null() || out_result.is_null() {
             return Err(Error::new(Status::NullArgument, if key.is_null() { "key is NULL" } else { "out_result is NULL" }));
         }
+        crate::key::check_key_len(key_len)?;
         let verdict = handle.tier.lookup(req_id, std::slice::from_raw_parts(key, key_len))?;
         *out_result = verdict;
         Ok(())
@@ -585,6 +595,7 @@ mod tests {
     fn header_constants_match_the_engine() {
         assert_eq!(KVT_KEY_GROUP_BYTES, crate::key::GROUP_BYTES);
         assert_eq!(KVT_DEFAULT_KEY_BYTES, crate::config::DEFAULT_KEY_BYTES);
+        assert_eq!(KVT_MAX_KEYS_PER_JOB, crate::tier::MAX_KEYS_PER_JOB);
     }
 
     #[test]
