@@ -1058,6 +1058,24 @@ static void test_config_errors(void)
         {"{\"store\":{\"type\":\"memory\"},\"key_bytes\":3}", "key_bytes"},
         {"{\"store\":{\"type\":\"memory\"},\"prefix\":\"a|b\"}", "prefix"},
         {"{\"store\":{\"type\":\"memory\"},\"key_bytes\":\"36\"}", NULL},
+        /* Malformed endpoints are configuration errors found before any request (with
+         * explicit keys and with the credential chain). */
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"http://[::1\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"http://[::1\"}}",
+         "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"http://127.0.0.1:99999\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"ht!tp://x\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"ftp://host:21\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"host:port\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"http://a b:9000\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
+        {"{\"store\":{\"type\":\"s3\",\"bucket\":\"b\",\"endpoint_override\":\"http://:9000\","
+         "\"access_key\":\"ak\",\"secret_key\":\"sk\"}}", "endpoint_override"},
     };
     size_t i;
     kvt_tier *t;

@@ -376,6 +376,10 @@ impl S3Config {
         if self.max_retries > 100 {
             return Err(Error::config(format!("store.max_retries is {}; it must be 0..=100", self.max_retries)));
         }
+        if !self.endpoint_override.is_empty() {
+            check_endpoint(&self.endpoint_override)
+                .map_err(|why| Error::config(format!("store.endpoint_override {:?} is not a usable endpoint: {why}", self.endpoint_override)))?;
+        }
         if self.use_virtual_addressing {
             let host = self.endpoint_override.split("://").last().unwrap_or_default();
             let host = host.split('/').next().unwrap_or_default();
@@ -393,10 +397,92 @@ impl S3Config {
     }
 }
 
+/// Checks an `endpoint_override` (`host[:port]` or `scheme://host[:port][/path]`) before
+/// any client is built from it: the HTTP stack would panic on a URL it cannot parse, or
+/// fall back to instance metadata without one.
+fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
+    let rest = match endpoint.split_once("://") {
+        Some((scheme, rest)) => {
+            if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+                return Err(format!("the scheme is {scheme:?}; it must be http or https"));
+            }
+            rest
+        }
+        None => endpoint,
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let path_ok = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/%".contains(c);
+    if let Some(c) = path.chars().find(|&c| !path_ok(c)) {
+        return Err(format!("{c:?} cannot appear in its path"));
+    }
+    if authority.contains('@') {
+        return Err("it carries user information; give credentials as access_key and secret_key".into());
+    }
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let Some((address, after)) = bracketed.split_once(']') else {
+            return Err("an IPv6 address opened with [ is not closed with ]".into());
+        };
+        if address.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("[{address}] is not an IPv6 address"));
+        }
+        match after {
+            "" => (address, None),
+            _ => match after.strip_prefix(':') {
+                Some(port) => (address, Some(port)),
+                None => return Err(format!("{after:?} follows the IPv6 address; only :port may")),
+            },
+        }
+    } else {
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        };
+        if host.is_empty() {
+            return Err("the host is empty".into());
+        }
+        if let Some(c) = host.chars().find(|&c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')) {
+            return Err(format!("{c:?} cannot appear in a host name"));
+        }
+        (host, port)
+    };
+    debug_assert!(!host.is_empty());
+    if let Some(port) = port {
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => {}
+            _ => return Err(format!("the port {port:?} is not a number from 1 to 65535")),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::Status;
+
+    #[test]
+    fn malformed_endpoints_are_config_errors_naming_the_key() {
+        for bad in [
+            "http://[::1", "http://127.0.0.1:99999", "ht!tp://x", "ftp://host", "host:port", "http://a b:9000",
+            "http://:9000", "http://[nope]:9000", "http://[::1]x", "http://h:0", "http://u:p@h:9000", "http://h/a b",
+            "http://h:+80",
+        ] {
+            let json = format!(r#"{{"store":{{"type":"s3","bucket":"b","endpoint_override":{bad:?}}}}}"#);
+            let e = TierConfig::from_json(&json).and_then(|c| c.validate()).unwrap_err();
+            assert_eq!(e.status, Status::Config, "{bad}: {}", e.message);
+            assert!(e.message.contains("endpoint_override"), "{bad}: {}", e.message);
+        }
+        for good in [
+            "minio.internal:9000", "http://127.0.0.1:9000", "https://s3.example.com/", "http://[::1]:9000", "[::1]",
+            "HTTPS://S3.example.com:443/base", "s3_gw.local",
+        ] {
+            let json = format!(r#"{{"store":{{"type":"s3","bucket":"b","endpoint_override":{good:?}}}}}"#);
+            TierConfig::from_json(&json).and_then(|c| c.validate()).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+    }
 
     #[test]
     fn minimal_local_config_takes_defaults() {
