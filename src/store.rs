@@ -664,6 +664,63 @@ pub fn classify(error: &object_store::Error) -> Status {
     }
 }
 
+/// Whether a request that failed this way may have left no answer behind while the server
+/// did or did not act on it: a timeout or a connection cut mid-exchange. `object_store`
+/// repeats such requests only when it deems them idempotent, which a conditional PUT
+/// (`If-None-Match: *`) is not in its eyes; for kvtier it is, because a repeat that finds
+/// the object answers 412 and counts as stored.
+pub fn is_interrupted(error: &object_store::Error) -> bool {
+    use object_store::client::HttpErrorKind;
+    http_error(error).is_some_and(|h| matches!(h.kind(), HttpErrorKind::Timeout | HttpErrorKind::Interrupted))
+}
+
+/// Retries (after the first attempt) the store configuration allows per request.
+pub fn max_retries(config: &StoreConfig) -> usize {
+    match config {
+        StoreConfig::S3(s3) => s3.max_retries,
+        _ => 0,
+    }
+}
+
+/// `put_opts`, repeated on a timeout or a cut connection when `options` is a create
+/// (`PutMode::Create`), up to `retries` times with exponential backoff and jitter, as
+/// `object_store` does for the requests it repeats itself. A repeat answered 412 comes
+/// back as `AlreadyExists`: the object is in the store.
+pub async fn put_with_retries(
+    store: &DynStore,
+    path: &Path,
+    payload: object_store::PutPayload,
+    options: object_store::PutOptions,
+    retries: usize,
+) -> object_store::Result<object_store::PutResult> {
+    let create = matches!(options.mode, object_store::PutMode::Create);
+    let mut attempt = 0;
+    loop {
+        match store.put_opts(path, payload.clone(), options.clone()).await {
+            Err(e) if create && attempt < retries && is_interrupted(&e) => {
+                attempt += 1;
+                let backoff = retry_backoff(attempt);
+                log::info!(
+                    "conditional PUT {path} interrupted ({}); retry {attempt} of {retries} in {} ms",
+                    error_chain(&e),
+                    backoff.as_millis()
+                );
+                tokio::time::sleep(backoff).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Backoff before retry `attempt` (1-based): 50 ms doubling up to 5 s, with full jitter
+/// over its upper half.
+fn retry_backoff(attempt: usize) -> Duration {
+    let ceiling = 50u64.saturating_mul(1 << attempt.min(7).saturating_sub(1)).min(5_000);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let jitter = u64::from(nanos) % (ceiling / 2 + 1);
+    Duration::from_millis(ceiling / 2 + jitter)
+}
+
 /// The error and all its sources as one line, with every known credential removed.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();

@@ -394,7 +394,10 @@ impl Shared {
         let body = if self.store_keeps_payload { bytes::Bytes::copy_from_slice(&view) } else { view };
         let mode = if self.dedup == DedupMode::Conditional { PutMode::Create } else { PutMode::Overwrite };
         let options = PutOptions { mode, attributes, ..Default::default() };
-        match self.store.put_opts(name, PutPayload::from_bytes(body), options).await {
+        // A conditional PUT cut short by a timeout or a reset is repeated here: object_store
+        // repeats only PUTs it deems idempotent, and a repeat that finds the object is a 412.
+        let retries = store::max_retries(&self.config.store);
+        match store::put_with_retries(&self.store, name, PutPayload::from_bytes(body), options, retries).await {
             Ok(_) => {
                 if let Some(crc) = crc {
                     if let Some(root) = &self.local_root {

@@ -3,8 +3,9 @@
 //! bodies, and the server killed mid-job and restarted.
 //!
 //! Every test counts: each job yields exactly one result (none lost, none twice), and no
-//! key reports success with wrong bytes.
+//! key reports success with wrong bytes. The tests at the end run on s3s-fs and on moto.
 
+#[macro_use]
 mod support;
 
 use std::collections::HashMap;
@@ -322,3 +323,100 @@ fn direct_requests_fall_back_to_the_general_client() {
     assert_eq!(rig.proxy.stats().requests - before, 1, "a 404 is not asked twice");
     assert_eq!(tier.stats().direct_fallbacks, 9);
 }
+
+// ------------------------------------------------------------------------------------
+// Faults on both servers
+
+/// A proxy in front of a server the test does not own (a fresh s3s-fs or the shared moto).
+struct Front<'a> {
+    srv: &'a Server,
+    proxy: Proxy,
+    bucket: String,
+}
+
+impl<'a> Front<'a> {
+    fn new(srv: &'a Server) -> Front<'a> {
+        let proxy = Proxy::start(srv.port());
+        let bucket = srv.new_bucket();
+        Front { srv, proxy, bucket }
+    }
+
+    /// The `store` section through the proxy, with `extra` keys set.
+    fn store(&self, extra: serde_json::Value) -> serde_json::Value {
+        let mut store = with(self.srv.store_json(&self.bucket), "endpoint_override", json!(self.proxy.endpoint()));
+        for (k, v) in extra.as_object().unwrap() {
+            store[k] = v.clone();
+        }
+        store
+    }
+
+    fn tier(&self, store_extra: serde_json::Value, top_extra: serde_json::Value) -> Tier {
+        Tier::from_json(&tier_json(self.store(store_extra), top_extra))
+            .unwrap_or_else(|e| panic!("{}: tier start: {e}", self.srv.name()))
+    }
+}
+
+/// Faults the first request of each block object with `method` gets; later ones pass.
+fn first_of_each_object(method: &'static str, fault: Fault) -> impl Fn(&RequestInfo) -> Fault {
+    let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+    move |r: &RequestInfo| {
+        if r.method == method && r.path.contains(".bin") && seen.lock().unwrap().insert(r.path.clone()) {
+            fault
+        } else {
+            Fault::Pass
+        }
+    }
+}
+
+/// Stores 16 keys while the first PUT of every one of them is reset (RST) or closed before
+/// the server sees it, closed after the server stored it, or stalled past the request
+/// timeout after the server stored it; in `conditional` mode (If-None-Match: *, which
+/// object_store does not repeat by itself) and in `skip_known` mode (plain overwrites).
+/// Every key must end up stored and loadable, and a repeat the server answers 412 counts
+/// as stored.
+fn interrupted_puts_are_retried_in_every_dedup_mode(srv: &Server) {
+    let cases = [
+        ("conditional", Fault::ResetRequest),
+        ("conditional", Fault::DropRequest),
+        ("conditional", Fault::DropResponse),
+        ("conditional", Fault::StallResponse(Duration::from_secs(3))),
+        ("skip_known", Fault::DropRequest),
+        ("skip_known", Fault::StallResponse(Duration::from_secs(3))),
+    ];
+    let front = Front::new(srv);
+    for (case, (mode, fault)) in cases.into_iter().enumerate() {
+        let what = format!("{} dedup={mode} fault={fault:?}", srv.name());
+        front.proxy.set_rule(|_| Fault::Pass);
+        let tier = front.tier(json!({"max_retries": 3, "request_timeout_ms": 1000}), json!({"dedup": mode}));
+        let mut pool = Pool::new(64, BLOCK);
+        pool.fill_random(100 + case as u64);
+        pool.register(&tier);
+        front.proxy.set_rule(first_of_each_object("PUT", fault));
+        let faults_before = front.proxy.stats().requests;
+        let ids: Vec<u64> = (0..16).map(|i| case as u64 * 100 + i).collect();
+        for job in 0..8u64 {
+            let blocks = [job * 2, job * 2 + 1];
+            let ks = [ids[blocks[0] as usize], ids[blocks[1] as usize]];
+            tier.submit(JobKind::Store, job, &blocks, keys(&ks)).unwrap();
+        }
+        for (id, r) in wait_all(&tier, 8) {
+            assert_eq!(r.key_status, vec![Status::Ok; 2], "{what}: store job {id}: {}", r.message);
+        }
+        let stats = tier.stats();
+        assert_eq!(stats.keys_stored, 16, "{what}: {stats:?}");
+        assert!(front.proxy.stats().requests - faults_before >= 32, "{what}: every key needed a second PUT");
+        if mode == "conditional" && fault == Fault::DropResponse {
+            // The server stored every block before the reset: every repeat finds it.
+            assert_eq!(stats.dedup_already_stored, 16, "{what}: {stats:?}");
+        }
+        front.proxy.set_rule(|_| Fault::Pass);
+        let slots: Vec<u64> = (32..48).collect();
+        tier.submit(JobKind::Load, 100, &slots, keys(&ids)).unwrap();
+        let r = wait_all(&tier, 1).remove(&100).unwrap();
+        assert_eq!(r.key_status, vec![Status::Ok; 16], "{what}: {}", r.message);
+        let sources: Vec<u64> = (0..16).collect();
+        assert_loaded_bytes(&pool, &r, &slots, &sources);
+    }
+}
+
+on_both_servers!(interrupted_puts_are_retried_in_every_dedup_mode);

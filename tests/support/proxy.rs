@@ -3,8 +3,9 @@
 //! It sits between kvtier and a real server on loopback, understands request and response
 //! framing (Content-Length and chunked), keeps connections alive like a real server, and
 //! asks a rule what to do with each request: pass it, delay it, answer an error itself,
-//! drop the connection mid-request, cut or shorten the response body, or turn the
-//! server's 404 into a 403 AccessDenied (a principal without ListBucket).
+//! drop the connection mid-request, drop or stall the answer after the server acted,
+//! cut, shorten or corrupt the response body, answer as a server that ignores Range, or
+//! turn the server's 404 into a 403 AccessDenied (a principal without ListBucket).
 //!
 //! Threads, not async: one per connection, all of them ended by dropping the proxy.
 
@@ -26,6 +27,9 @@ pub enum Fault {
     Status(u16),
     /// Read the request head and half its body, then close the connection.
     DropRequest,
+    /// Read the request head and half its body, then reset the connection (RST, as a
+    /// crashing middlebox or a dropped NAT entry does): the client sees ECONNRESET.
+    ResetRequest,
     /// Forward; send the response head and half the body, then close the connection
     /// (the client sees a body shorter than its Content-Length).
     CutResponse,
@@ -34,6 +38,21 @@ pub enum Fault {
     ShortResponse,
     /// Forward; answer 403 AccessDenied wherever the server answers 404.
     Forbid404,
+    /// Forward (the server acts on the request), then close the connection without
+    /// sending the answer: a reset after the fact.
+    DropResponse,
+    /// Forward (the server acts on the request), then hold the answer back for this long
+    /// and close the connection: a stall the client times out on.
+    StallResponse(Duration),
+    /// Forward; flip one byte in the middle of the response body (in-transit corruption;
+    /// the stored object is intact).
+    CorruptBody,
+    /// Forward; answer a 206 as a server that ignores Range would: `200 OK` without
+    /// Content-Range, same body (true to life when the range covers the whole object).
+    IgnoreRange,
+    /// Forward; answer `200 OK` without Content-Range and with half the body, its
+    /// Content-Length saying so: a server that ignores Range, for an object half the size.
+    Short200,
 }
 
 impl Fault {
@@ -43,9 +62,15 @@ impl Fault {
             Fault::Delay(_) => "delay",
             Fault::Status(_) => "status",
             Fault::DropRequest => "drop_request",
+            Fault::ResetRequest => "reset_request",
             Fault::CutResponse => "cut_response",
             Fault::ShortResponse => "short_response",
             Fault::Forbid404 => "forbid_404",
+            Fault::DropResponse => "drop_response",
+            Fault::StallResponse(_) => "stall_response",
+            Fault::CorruptBody => "corrupt_body",
+            Fault::IgnoreRange => "ignore_range",
+            Fault::Short200 => "short_200",
         }
     }
 }
@@ -122,7 +147,16 @@ impl Proxy {
                         let inner = inner.clone();
                         let _ = std::thread::Builder::new().name("proxy-conn".into()).spawn(move || {
                             let closer = stream.try_clone();
-                            let _ = serve(&inner, stream);
+                            let outcome = serve(&inner, stream);
+                            if outcome.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset && e.to_string() == RESET) {
+                                // Close every descriptor of the socket (SO_LINGER 0 is set):
+                                // the kernel answers with RST instead of FIN.
+                                if let Ok(c) = closer {
+                                    let peer = c.peer_addr().ok();
+                                    inner.connections.lock().unwrap().retain(|k| k.peer_addr().ok() != peer);
+                                }
+                                return;
+                            }
                             // Whatever ended the exchange, the client must see the close
                             // (the registry holds a clone that would keep it open).
                             if let Ok(c) = closer {
@@ -346,16 +380,43 @@ fn write_error(w: &mut impl Write, status: u16, head_request: bool) -> std::io::
 /// The response head with Content-Length claiming `len` bytes; every other header
 /// (Content-Range included) is left as the server sent it, so only the byte count tells.
 fn shortened_head(h: &Head, len: u64) -> Vec<u8> {
-    let mut out = format!("{}\r\n", h.first_line);
+    rewritten_head(h, &h.first_line, len, false)
+}
+
+/// The response head with another status line and Content-Length, optionally without
+/// Content-Range, and `connection: close`.
+fn rewritten_head(h: &Head, first_line: &str, len: u64, drop_content_range: bool) -> Vec<u8> {
+    let mut out = format!("{first_line}\r\n");
     for (k, v) in &h.headers {
         if k.eq_ignore_ascii_case("content-length") {
             out.push_str(&format!("{k}: {len}\r\n"));
-        } else if !k.eq_ignore_ascii_case("connection") {
+        } else if k.eq_ignore_ascii_case("connection") || (drop_content_range && k.eq_ignore_ascii_case("content-range")) {
+            continue;
+        } else {
             out.push_str(&format!("{k}: {v}\r\n"));
         }
     }
     out.push_str("connection: close\r\n\r\n");
     out.into_bytes()
+}
+
+/// The error `serve` returns when the connection is to be reset, not closed.
+const RESET: &str = "proxy: reset the client connection";
+
+/// SO_LINGER with a zero timeout: closing the socket sends RST.
+fn set_linger_zero(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: a valid socket descriptor and a properly sized option value.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
 }
 
 fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
@@ -385,6 +446,13 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
                 copy_body(&mut from_client, &mut std::io::sink(), framing)?;
                 write_error(&mut to_client, code, head_request)?;
                 continue;
+            }
+            Fault::ResetRequest => {
+                if let Framing::Length(n) = framing {
+                    copy_exact(&mut from_client, &mut std::io::sink(), n / 2)?;
+                }
+                set_linger_zero(&to_client);
+                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, RESET));
             }
             Fault::DropRequest => {
                 if let Framing::Length(n) = framing {
@@ -442,6 +510,40 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
             (Fault::ShortResponse, Framing::Length(n)) => {
                 let half = n / 2;
                 to_client.write_all(&shortened_head(&response, half))?;
+                copy_exact(from_server, &mut to_client, half)?;
+                to_client.flush()?;
+                let _ = to_client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            (Fault::DropResponse, _) => {
+                copy_body(from_server, &mut std::io::sink(), rframing)?;
+                let _ = to_client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            (Fault::StallResponse(d), _) => {
+                copy_body(from_server, &mut std::io::sink(), rframing)?;
+                std::thread::sleep(d);
+                let _ = to_client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            (Fault::CorruptBody, Framing::Length(n)) if (200..300).contains(&status) => {
+                let mut body = Vec::with_capacity(n as usize);
+                copy_exact(from_server, &mut body, n)?;
+                body[n as usize / 2] ^= 0x20;
+                to_client.write_all(&response.raw)?;
+                to_client.write_all(&body)?;
+                to_client.flush()?;
+            }
+            (Fault::IgnoreRange, Framing::Length(n)) if status == 206 => {
+                to_client.write_all(&rewritten_head(&response, "HTTP/1.1 200 OK", n, true))?;
+                copy_exact(from_server, &mut to_client, n)?;
+                to_client.flush()?;
+                let _ = to_client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            (Fault::Short200, Framing::Length(n)) if status == 200 || status == 206 => {
+                let half = n / 2;
+                to_client.write_all(&rewritten_head(&response, "HTTP/1.1 200 OK", half, true))?;
                 copy_exact(from_server, &mut to_client, half)?;
                 to_client.flush()?;
                 let _ = to_client.shutdown(Shutdown::Both);
