@@ -4,15 +4,18 @@
 # before every test run (CI included).
 #
 #   tools/bin/s3s-fs     s3s-fs 0.14.1 (cargo install, built once, then cached)
-#   tools/venv/          Python venv (sees the system site-packages) with pytest, numpy,
-#                        NIXL (nixl-cu12, no GPU needed) and, where the machine has none,
-#                        moto_server
+#   tools/venv/          Python venv with vLLM 0.33.0 (and its dependencies: torch with its
+#                        CUDA wheels, about 5 GB to download and 9 GB on disk, no GPU
+#                        needed), pytest, NIXL (nixl-cu12, no GPU needed) and, where the
+#                        machine has none, moto_server
 #   openssl              from Debian, if missing (the TLS tests make certificates with it)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS="$ROOT/tools"
 S3S_VERSION=0.14.1
+VLLM_VERSION=0.33.0
+NIXL_VERSION=1.5.1
 PYTHON=${PYTHON:-python3}
 
 say() { echo "install-tools: $*" >&2; }
@@ -28,7 +31,7 @@ fi
 # Python venv ----------------------------------------------------------------------------
 if [[ ! -x "$TOOLS/venv/bin/python" ]]; then
     say "creating $TOOLS/venv"
-    "$PYTHON" -m venv --system-site-packages "$TOOLS/venv"
+    "$PYTHON" -m venv "$TOOLS/venv"
 fi
 VPY="$TOOLS/venv/bin/python"
 has() { "$VPY" -c "import $1" >/dev/null 2>&1; }
@@ -38,9 +41,16 @@ if ! command -v moto_server >/dev/null 2>&1 && [[ ! -x "$TOOLS/venv/bin/moto_ser
     pip_install "moto[server]>=5.1,<6"
 fi
 has pytest || pip_install "pytest>=8"
-has numpy || pip_install numpy
+# The real vLLM, whose tiering manager drives kvtier's tier in the Python tests.
+if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '$VLLM_VERSION')" 2>/dev/null; then
+    say "installing vllm==$VLLM_VERSION with its dependencies (about 5 GB to download, 9 GB on disk; once)"
+    pip_install "vllm==$VLLM_VERSION"
+fi
 # NIXL's Python API with its OBJ (S3) plugin; its CUDA dependencies are not needed here.
-has nixl_cu12._api || pip_install --no-deps nixl-cu12
+# The CUDA 12 build: the CUDA 13 build's OBJ plugin links libcuobjclient, which no
+# package index ships. (The `nixl` meta package would pick the CUDA 13 build to match
+# vLLM's torch, so the tests that run vLLM's own obj tier alias `nixl` to this build.)
+has nixl_cu12._api || pip_install --no-deps "nixl-cu12==$NIXL_VERSION"
 
 # openssl --------------------------------------------------------------------------------
 if ! command -v openssl >/dev/null 2>&1; then
@@ -48,4 +58,4 @@ if ! command -v openssl >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openssl
 fi
 
-say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version)"
+say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version), vllm $VLLM_VERSION"

@@ -6,12 +6,16 @@ entry in ``secondary_tiers``::
     {"type": "KvtierTier", "module_path": "kvtier.vllm",
      "store_config": {"bucket": "kv", "endpoint_override": "minio:9000"}}
 
-vLLM's factory imports ``module_path`` and takes the class named by ``type`` from it
-(``getattr(module, type)``), then calls it with ``offloading_spec`` (``vllm_config`` in
-older versions), ``primary_kv_view``, ``tier_type`` and every other key of the entry as a
-keyword argument. The constructor takes the obj tier's keywords (``store_config``,
-``prefix``, ``io_threads``, ``enable_kv_events``, ``locality``) plus ``namespace``;
-any other keyword is a ``TypeError``, as in vLLM.
+vLLM's factory (``SecondaryTierFactory``) imports ``module_path``, takes the class named
+by ``type`` from it, and calls it with ``offloading_spec``, ``primary_kv_view``,
+``tier_type``, ``backpressure_detector`` and every other key of the entry as a keyword
+argument. The constructor takes the obj tier's keywords (``store_config``, ``prefix``,
+``io_threads``, ``enable_kv_events``, ``locality``) plus ``namespace``; any other keyword
+is a ``TypeError``, as in vLLM.
+
+This is vLLM 0.33's tier interface (``vllm/v1/kv_offload/tiering/``), tested with the
+versions in :data:`TESTED_VLLM_VERSIONS`. On a vLLM whose interface differs, constructing
+the tier fails with a message saying so.
 
 Behaviour, from the tiering manager's point of view, is the obj tier's (async lookups
 that answer RETRY until the step after ``on_schedule_end``, verdicts shared between
@@ -21,11 +25,12 @@ failed keys MISS and reports the keys that did load in ``successful_keys``; a jo
 reported only after all of its I/O is done; objects of the wrong length fail instead
 of loading short; ``shutdown`` waits for I/O in progress so nothing touches the primary
 pool afterwards; existence checks run on their own lane, never behind bulk transfers.
+kvtier's counters appear in vLLM's metrics (``build_metric_definitions``/``get_stats``).
 
-vLLM is optional: without it this module uses small stand-ins with the same field names
-for vLLM's dataclasses and enums (``LookupResult``, ``JobResult``, ``OffloadingEvent``,
-``Medium``, ``Locality``, ``RequestOffloadingContext``, ``TransferJob``), so it imports
-and can be tested anywhere.
+Without vLLM this module still imports, with stand-ins of vLLM 0.33's dataclasses and
+enums (``LookupResult``, ``JobResult``, ``OffloadingEvent``, ``Medium``, ``Locality``,
+``ReqContext``, ``RequestOffloadingContext``, ``TransferJob``) so that
+:func:`build_tier_config` and the namespace helpers can be used anywhere.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import importlib.metadata
+import inspect
 import itertools
 import logging
 import time
@@ -40,6 +47,7 @@ from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError, DuplicateJobError, KvtierError, Status, TimedOutError
 from .tier import JobKind, Tier, vllm_namespace
+from .tier import version as kvtier_version
 from .tier import LookupResult as _KvtLookup
 
 logger = logging.getLogger("kvtier.vllm")
@@ -47,24 +55,23 @@ logger = logging.getLogger("kvtier.vllm")
 # ---------------------------------------------------------------------------------------
 # vLLM's types when vLLM is installed, stand-ins otherwise.
 
-
-def _vllm_attr(name: str, *modules: str) -> Any:
-    for module in modules:
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-        except Exception:  # a broken vLLM install must not break this module
-            logger.debug("importing %s from %s failed", name, module, exc_info=True)
-    return None
-
+#: vLLM releases this adapter is tested with (their tier interface is the one implemented).
+TESTED_VLLM_VERSIONS = ("0.33.0",)
 
 _TIERING = "vllm.v1.kv_offload.tiering.base"
 _OFFLOAD = "vllm.v1.kv_offload.base"
 
-_VllmBase = _vllm_attr("SecondaryTierManager", _TIERING)
+
+def _import_vllm() -> Any:
+    try:
+        return importlib.import_module(_TIERING)
+    except ImportError:
+        return None
+
+
+_vllm_tiering = _import_vllm()
 #: True when this module runs inside an installed vLLM (and subclasses its base class).
-HAVE_VLLM = _VllmBase is not None
+HAVE_VLLM = _vllm_tiering is not None
 
 
 class _LookupResult(enum.Enum):
@@ -89,8 +96,8 @@ class _JobResult:
     job_id: int
     success: bool
     successful_keys: Any = None
-    transfer_size: int | None = None
     transfer_time: float | None = None
+    transfer_bytes: int | None = None
 
 
 @dataclasses.dataclass
@@ -121,86 +128,100 @@ class _TransferJob:
     req_context: Any = None
 
 
-class _ScheduleEndContext:
-    def __init__(self, new_req_ids=(), preempted_req_ids=()):
-        self.new_req_ids = new_req_ids
-        self.preempted_req_ids = preempted_req_ids
-
-
-def _pick(name: str, fallback: Any, *modules: str) -> Any:
-    found = _vllm_attr(name, *modules) if HAVE_VLLM else None
-    return found if found is not None else fallback
-
-
-_VllmLookupResult = _vllm_attr("LookupResult", _TIERING, _OFFLOAD) if HAVE_VLLM else None
-#: vLLM before LookupResult answered lookups with True / False / None.
-_LEGACY_LOOKUP = HAVE_VLLM and _VllmLookupResult is None
-
-LookupResult = _VllmLookupResult or _LookupResult
-Medium = _pick("Medium", _Medium, _OFFLOAD)
-Locality = _pick("Locality", _Locality, _OFFLOAD)
-JobResult = _pick("JobResult", _JobResult, _TIERING)
-OffloadingEvent = _pick("OffloadingEvent", _OffloadingEvent, _OFFLOAD)
-RequestOffloadingContext = _pick("RequestOffloadingContext", _RequestOffloadingContext, _TIERING, _OFFLOAD)
-ReqContext = _pick("ReqContext", _ReqContext, _OFFLOAD)
-TransferJob = _pick("TransferJob", _pick("JobMetadata", _TransferJob, _TIERING), _TIERING)
-ScheduleEndContext = _pick("ScheduleEndContext", _ScheduleEndContext, _TIERING, _OFFLOAD)
-
-
-def _factory(cls: Any):
-    """A constructor taking keyword arguments and dropping those ``cls`` lacks.
-
-    vLLM's dataclasses gained fields over time (JobResult.successful_keys,
-    transfer_size; OffloadingEvent.locality); each version gets what it has.
-    """
-    if dataclasses.is_dataclass(cls):
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        return lambda **kw: cls(**{k: v for k, v in kw.items() if k in names})
-    return lambda **kw: cls(**kw)
-
-
-_make_result = _factory(JobResult)
-_make_event = _factory(OffloadingEvent)
-
-
 class _StandInBase:
-    """vLLM's SecondaryTierManager defaults, for use without vLLM."""
+    """vLLM 0.33's SecondaryTierManager defaults, for importing without vLLM."""
 
-    def __init__(self, offloading_spec: Any, primary_kv_view: Any, tier_type: str) -> None:
+    def __init__(self, offloading_spec: Any, primary_kv_view: Any, tier_type: str, backpressure_detector: Any = None):
         self._offloading_spec = offloading_spec
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type
+        self.locality = None
+        self._bp_detector = backpressure_detector
 
-    def has_pending_work(self) -> bool:
-        return False
+    @property
+    def bp_detector(self) -> Any:
+        return self._bp_detector
 
-    def take_events(self) -> Iterable:
-        return ()
 
-    def touch(self, keys, req_context) -> None:
+if HAVE_VLLM:
+    _offload = importlib.import_module(_OFFLOAD)
+    _Base = _vllm_tiering.SecondaryTierManager
+    LookupResult = _offload.LookupResult
+    Medium = _offload.Medium
+    Locality = _offload.Locality
+    OffloadingEvent = _offload.OffloadingEvent
+    ReqContext = _offload.ReqContext
+    RequestOffloadingContext = _offload.RequestOffloadingContext
+    JobResult = _vllm_tiering.JobResult
+    TransferJob = _vllm_tiering.TransferJob
+else:
+    _Base = _StandInBase
+    LookupResult = _LookupResult
+    Medium = _Medium
+    Locality = _Locality
+    OffloadingEvent = _OffloadingEvent
+    ReqContext = _ReqContext
+    RequestOffloadingContext = _RequestOffloadingContext
+    JobResult = _JobResult
+    TransferJob = _TransferJob
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None without vLLM."""
+    if not HAVE_VLLM:
         return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return getattr(importlib.import_module("vllm"), "__version__", "unknown")
 
-    def serve_external_requests(self, parent) -> None:
+
+def interface_mismatch() -> str | None:
+    """What the installed vLLM's tier interface lacks of the one this adapter implements
+    (vLLM 0.33's), or None when it matches or vLLM is not installed."""
+    if not HAVE_VLLM:
         return None
+    missing = []
+    init = inspect.signature(_Base.__init__).parameters
+    if "backpressure_detector" not in init:
+        missing.append("SecondaryTierManager.__init__(backpressure_detector=...)")
+    for cls, field_names in (
+        (JobResult, ("job_id", "success", "successful_keys", "transfer_time", "transfer_bytes")),
+        (TransferJob, ("job_id", "keys", "chunk_ids", "is_promotion", "req_context")),
+    ):
+        names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        missing += [f"{cls.__name__}.{n}" for n in field_names if n not in names]
+    for name in ("MISS", "HIT", "RETRY"):
+        if name not in LookupResult.__members__:
+            missing.append(f"LookupResult.{name}")
+    for name in ("has_pending_work", "touch", "build_metric_definitions", "get_stats", "config_info_keys", "config_info"):
+        if not hasattr(_Base, name):
+            missing.append(f"SecondaryTierManager.{name}")
+    return ", ".join(missing) or None
 
-    def on_schedule_end(self, context=None) -> None:
-        return None
 
-    def on_request_finished(self, req_context) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        return None
-
-    @classmethod
-    def build_metric_definitions(cls, extra_config: dict) -> dict:
-        return {}
-
-    def get_stats(self):
-        return None
+_warned_untested = False
 
 
-_Base = _VllmBase if HAVE_VLLM else _StandInBase
+def _check_vllm() -> None:
+    """Fails with a clear message on a vLLM whose tier interface this adapter does not know."""
+    global _warned_untested
+    problem = interface_mismatch()
+    if problem is not None:
+        raise RuntimeError(
+            f"kvtier.vllm implements the secondary-tier interface of vLLM 0.33 (tested with "
+            f"{', '.join(TESTED_VLLM_VERSIONS)}); the installed vLLM {vllm_version()} lacks {problem}. "
+            "Use a tested vLLM version."
+        )
+    version = vllm_version()
+    if HAVE_VLLM and version not in TESTED_VLLM_VERSIONS and not _warned_untested:
+        _warned_untested = True
+        logger.warning(
+            "kvtier.vllm is tested with vLLM %s; vLLM %s has the same tier interface but is untested",
+            ", ".join(TESTED_VLLM_VERSIONS),
+            version,
+        )
+
 
 # ---------------------------------------------------------------------------------------
 # Configuration: vLLM's obj-tier keywords -> kvtier's tier configuration.
@@ -341,43 +362,52 @@ def build_tier_config(
 # vLLM's namespace, from the offloading spec.
 
 
+def _blocks_per_chunk(spec: Any) -> int:
+    """The chunk size in blocks, which vLLM's obj tier hashes as ``blocks_per_file``."""
+    value = getattr(spec, "blocks_per_chunk", None)
+    if value is None:
+        value = getattr(getattr(getattr(spec, "config", None), "cache", None), "blocks_per_chunk", 1)
+    return int(value)
+
+
+def _vllm_file_mapper(spec: Any) -> Any:
+    """vLLM's FileMapper for ``spec``, built exactly as vLLM 0.33's obj tier builds it."""
+    mapper_cls = importlib.import_module("vllm.v1.kv_offload.file_mapper").FileMapper
+    return mapper_cls.from_offloading_spec(
+        "", spec, blocks_per_file=_blocks_per_chunk(spec), parallel_agnostic=True
+    )
+
+
 def namespace_fields(spec: Any) -> tuple[dict, int] | None:
     """vLLM's hashed field set and rank for the obj tier, or None when not derivable.
 
-    Uses vLLM's own FileMapper when it has ``from_offloading_spec`` (so the field set is
-    exactly what the installed vLLM hashes, with ``blocks_per_file=1`` and
-    ``parallel_agnostic`` requested, as the obj tier does); otherwise builds the field
-    set from ``spec.config`` per vLLM's layout.
+    With vLLM installed this is what vLLM's own FileMapper hashes (``blocks_per_file`` =
+    the spec's ``blocks_per_chunk``, ``parallel_agnostic`` requested, as vLLM 0.33's obj
+    tier does); without vLLM the field set is built from ``spec.config`` per vLLM's layout.
     """
     if spec is None:
         return None
-    mapper_cls = _vllm_attr("FileMapper", "vllm.v1.kv_offload.file_mapper") if HAVE_VLLM else None
-    if mapper_cls is not None and hasattr(mapper_cls, "from_offloading_spec"):
-        try:
-            mapper = mapper_cls.from_offloading_spec("", spec, parallel_agnostic=True)
-            fields = mapper.get_run_config() if hasattr(mapper, "get_run_config") else dict(mapper.fields)
-            return fields, int(getattr(mapper, "rank", 0))
-        except Exception:
-            logger.debug("vLLM's FileMapper could not map this spec", exc_info=True)
+    if HAVE_VLLM:
+        mapper = _vllm_file_mapper(spec)
+        return mapper.get_run_config(), int(mapper.rank)
     return _fields_from_config(spec)
 
 
 def derive_namespace(spec: Any) -> str | None:
-    """vLLM's namespace for the obj tier (``<model>_<digest>_r<rank>``), or None."""
+    """vLLM's namespace for the obj tier (``<model>_<digest>_r<rank>``), or None.
+
+    With vLLM installed, the namespace is read off vLLM's own FileMapper and checked
+    against kvtier's computation from the same field set (``kvt_vllm_namespace``).
+    """
     derived = namespace_fields(spec)
     if derived is None:
         return None
     fields, rank = derived
     namespace = vllm_namespace(fields, rank)
-    # Cross-check against the base path vLLM's own mapper computed, when there is one.
-    mapper_cls = _vllm_attr("FileMapper", "vllm.v1.kv_offload.file_mapper") if HAVE_VLLM else None
-    if mapper_cls is not None and hasattr(mapper_cls, "from_offloading_spec"):
-        try:
-            mapper = mapper_cls.from_offloading_spec("", spec, parallel_agnostic=True)
-            theirs = f"{mapper.base_path.rstrip('/').rsplit('/', 1)[-1]}_r{mapper.rank}"
-        except Exception:
-            theirs = None
-        if theirs and theirs != namespace:
+    if HAVE_VLLM:
+        mapper = _vllm_file_mapper(spec)
+        theirs = f"{mapper.base_path.rstrip('/').rsplit('/', 1)[-1]}_r{mapper.rank}"
+        if theirs != namespace:
             logger.warning("namespace %r differs from vLLM's %r; using vLLM's", namespace, theirs)
             namespace = theirs
     return namespace
@@ -402,7 +432,7 @@ def _fields_from_config(spec: Any) -> tuple[dict, int] | None:
         fields = {
             "model_name": model.name,
             "tokens_per_hash": cache.tokens_per_hash,
-            "blocks_per_file": 1,
+            "blocks_per_file": _blocks_per_chunk(spec),
             **sizes,
             "dtype": str(model.dtype),
             "kv_cache_groups": [
@@ -438,6 +468,35 @@ _DRAIN_WARN_AFTER_S = 5.0
 _monotonic = time.monotonic  # patched by tests
 
 
+#: kvtier's counters as vLLM metrics: counter name -> help text. Every name of
+#: ``kvtier.Tier.stats()`` (the header's ``kvt_stats``) must be here; a test checks it.
+STAT_HELP = {
+    "keys_stored": "Keys kvtier stored to the object store.",
+    "keys_loaded": "Keys kvtier loaded from the object store and verified.",
+    "bytes_stored": "Bytes kvtier stored to the object store.",
+    "bytes_loaded": "Bytes kvtier loaded from the object store and verified.",
+    "keys_failed": "Keys of kvtier store or load jobs that failed.",
+    "existence_checks": "Existence checks kvtier sent to the object store.",
+    "existence_check_errors": "Existence checks that failed (answered MISS).",
+    "corrupt_blocks": "Loaded blocks whose checksum did not match (failed, never returned).",
+    "dedup_known": "Stores skipped because the key was known to be stored.",
+    "dedup_joined": "Stores that joined an identical store already in flight.",
+    "dedup_already_stored": "Stores the object store answered as already present.",
+    "direct_requests": "Requests sent on kvtier's direct HTTP path.",
+    "direct_fallbacks": "Direct-path requests repeated through the general HTTP client.",
+}
+METRIC_PREFIX = "vllm:kv_offload_kvtier_"
+JOBS_IN_FLIGHT_METRIC = METRIC_PREFIX + "jobs_in_flight"
+#: The label every kvtier metric carries: the tier's ``type`` from its configuration.
+METRIC_LABELS = ("tier",)
+#: Labels kvtier adds to vLLM's ``vllm:kv_offload_config_info``.
+CONFIG_INFO_KEYS = ("kvtier_version", "kvtier_store", "kvtier_location")
+
+
+def _metrics_module() -> Any:
+    return importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics")
+
+
 class KvtierTier(_Base):
     """A vLLM secondary tier backed by kvtier (S3-compatible stores, or a local directory).
 
@@ -452,41 +511,45 @@ class KvtierTier(_Base):
       (effective only with vLLM's global ``enable_kv_cache_events``).
     * ``locality``: ``"LOCAL"``, ``"REMOTE"`` or ``None``, carried on events.
     * ``namespace``: the namespace segment of object names. By default it is vLLM's
-      (``<model>_<digest>_r<rank>``, computed from the offloading spec as the obj tier
+      (``<model>_<digest>_r<rank>``, computed from the offloading spec as vLLM's obj tier
       does), so a bucket is shared with vLLM's own obj tier.
+    * ``backpressure_detector``: passed by vLLM's factory (from the entry's
+      ``backpressure`` block); vLLM's tiering manager feeds it from this tier's results.
     """
+
+    medium = Medium.STORAGE
 
     def __init__(
         self,
-        offloading_spec: Any = None,
-        primary_kv_view: Any = None,
-        tier_type: str | None = None,
+        offloading_spec: Any,
+        primary_kv_view: Any,
+        tier_type: str,
         store_config: Mapping[str, Any] | None = None,
         prefix: str = "",
         io_threads: int | None = None,
         enable_kv_events: bool = False,
         locality: str | None = None,
+        backpressure_detector: Any = None,
         *,
         namespace: str | None = None,
-        vllm_config: Any = None,
     ) -> None:
-        spec = offloading_spec if offloading_spec is not None else vllm_config
-        tier_type = tier_type or type(self).__name__
-        try:
-            super().__init__(spec, primary_kv_view, tier_type)
-        except TypeError:  # a vLLM base with another signature
-            self._offloading_spec, self._primary_kv_view, self.tier_type = spec, primary_kv_view, tier_type
+        _check_vllm()
+        if store_config is None:
+            raise TypeError(f"{type(self).__name__}() missing required argument: 'store_config'")
+        if primary_kv_view is None:
+            raise TypeError(f"{type(self).__name__}() missing required argument: 'primary_kv_view'")
+        view = memoryview(primary_kv_view)
+        if view.ndim != 2:
+            raise ValueError(f"primary_kv_view must be 2-D (num_slots, row_bytes), not {view.ndim}-D")
+        super().__init__(offloading_spec, view, tier_type, backpressure_detector)
         self._tier: Tier | None = None
         self._closed = False
         self._jobs: dict[int, tuple[JobKind, tuple]] = {}
         self._early: list = []  # results of jobs that never reached the library
         self._req_ids: dict[Any, int] = {}
         self._next_req_id = itertools.count(1)
+        self._reported_stats: dict[str, int] = dict.fromkeys(STAT_HELP, 0)
 
-        if store_config is None:
-            raise TypeError(f"{type(self).__name__}() missing required argument: 'store_config'")
-        if primary_kv_view is None:
-            raise TypeError(f"{type(self).__name__}() missing required argument: 'primary_kv_view'")
         if not isinstance(prefix, str):
             raise TypeError("prefix must be a string")
         if io_threads is not None and (isinstance(io_threads, bool) or int(io_threads) < 1):
@@ -494,7 +557,7 @@ class KvtierTier(_Base):
         self.locality = parse_locality(locality)
 
         events = bool(enable_kv_events)
-        if events and _events_enabled_globally(spec) is False:
+        if events and _events_enabled_globally(offloading_spec) is False:
             logger.warning(
                 "enable_kv_events is set on secondary tier '%s' but KV cache events are "
                 "disabled globally; the tier will not emit events.",
@@ -504,9 +567,9 @@ class KvtierTier(_Base):
         self.events_enabled = events
 
         if namespace is None:
-            namespace = derive_namespace(spec)
+            namespace = derive_namespace(offloading_spec)
             if namespace is None:
-                if spec is not None:
+                if offloading_spec is not None:
                     raise ValueError(
                         "cannot derive vLLM's namespace from this offloading spec; "
                         "set 'namespace' in the tier's configuration"
@@ -524,6 +587,11 @@ class KvtierTier(_Base):
             enable_kv_events=events,
             locality=self.locality,
         )
+        self._config_info = {
+            "kvtier_version": kvtier_version(),
+            "kvtier_store": config["store"]["type"],
+            "kvtier_location": _location(config, prefix, namespace),
+        }
         try:
             self._tier = Tier(config)
         except ConfigError:
@@ -536,9 +604,6 @@ class KvtierTier(_Base):
                 "or the default credential chain)",
             ) from exc
         try:
-            view = memoryview(primary_kv_view)
-            if view.ndim != 2:
-                raise ValueError(f"primary_kv_view must be 2-D (num_slots, row_bytes), not {view.ndim}-D")
             self._tier.register_memory(view)
         except BaseException:
             self._tier.close()
@@ -547,15 +612,12 @@ class KvtierTier(_Base):
         self.row_bytes = self._tier.block_bytes
         self.num_slots = self._tier.num_blocks
         logger.info(
-            "kvtier tier '%s': %s store, namespace %r, %d slots of %d bytes",
+            "kvtier tier '%s': %s, %d slots of %d bytes",
             tier_type,
-            config["store"]["type"],
-            "/".join(p for p in (prefix.strip("/"), namespace) if p),
+            self._config_info["kvtier_location"],
             self.num_slots,
             self.row_bytes,
         )
-
-    medium = Medium.STORAGE
 
     # -- lookups ---------------------------------------------------------------------
 
@@ -569,18 +631,12 @@ class KvtierTier(_Base):
     def lookup(self, key: bytes, req_context: Any):
         """HIT, MISS, or RETRY until the check sent at the next ``on_schedule_end`` answers."""
         if self._tier is None:
-            return self._answer(_KvtLookup.MISS)
+            return LookupResult.MISS
         try:
             verdict = self._tier.lookup(self._req_id(req_context), key)
         except KvtierError as exc:
             logger.warning("kvtier lookup failed, answering MISS: %s", exc)
             verdict = _KvtLookup.MISS
-        return self._answer(verdict)
-
-    @staticmethod
-    def _answer(verdict: _KvtLookup):
-        if _LEGACY_LOOKUP:
-            return {_KvtLookup.HIT: True, _KvtLookup.MISS: False}.get(verdict)
         return LookupResult[verdict.name]
 
     def on_new_request(self, req_context: Any):
@@ -604,17 +660,18 @@ class KvtierTier(_Base):
                 logger.warning("kvtier request_finished failed: %s", exc)
 
     def touch(self, keys, req_context) -> None:
+        """Accepted and ignored: kvtier keeps no recency order yet (nothing evicts)."""
         return None
 
     # -- jobs ------------------------------------------------------------------------
 
-    def submit_store(self, job: Any) -> None:
+    def submit_store(self, job_metadata: Any) -> None:
         """Stores the job's primary slots under its keys. Never raises for a bad job."""
-        self._submit(job, JobKind.STORE)
+        self._submit(job_metadata, JobKind.STORE)
 
-    def submit_load(self, job: Any) -> None:
+    def submit_load(self, job_metadata: Any) -> None:
         """Loads the job's keys into its primary slots. Never raises for a bad job."""
-        self._submit(job, JobKind.LOAD)
+        self._submit(job_metadata, JobKind.LOAD)
 
     def _submit(self, job: Any, kind: JobKind) -> None:
         job_id = int(job.job_id)
@@ -624,14 +681,14 @@ class KvtierTier(_Base):
             logger.error("job %d is already in flight; the duplicate submission is dropped", job_id)
             return
         if not keys:
-            self._early.append(_make_result(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
+            self._early.append(JobResult(job_id=job_id, success=True, transfer_time=0.0, transfer_bytes=0))
             return
         if self._tier is None:
             self._fail_early(job_id, "the tier is shut down")
             return
         try:
             submit = self._tier.submit_store if kind is JobKind.STORE else self._tier.submit_load
-            slots = _job_slots(job)
+            slots = job.chunk_ids
             self._jobs[job_id] = (kind, keys)
             submit(job_id, slots, keys)
         except DuplicateJobError as exc:
@@ -646,7 +703,7 @@ class KvtierTier(_Base):
 
     def _fail_early(self, job_id: int, why: str) -> None:
         logger.warning("job %d failed at submission: %s", job_id, why)
-        self._early.append(_make_result(job_id=job_id, success=False, transfer_size=0, transfer_time=0.0))
+        self._early.append(JobResult(job_id=job_id, success=False, transfer_time=0.0, transfer_bytes=0))
 
     def get_finished_jobs(self) -> list:
         """Every job finished since the last call, each exactly once."""
@@ -666,27 +723,26 @@ class KvtierTier(_Base):
             if not outcome.ok:
                 logger.debug("%s job %d failed: %s", kind.name.lower(), outcome.job_id, outcome.message)
             results.append(
-                _make_result(
+                JobResult(
                     job_id=outcome.job_id,
                     success=outcome.ok,
                     successful_keys=successful,
-                    transfer_size=outcome.bytes,
                     transfer_time=outcome.seconds,
+                    transfer_bytes=outcome.bytes,
                 )
             )
         return results
 
-    get_finished = get_finished_jobs  # the name in early tiering versions
-
     def has_pending_work(self) -> bool:
-        return False
+        """True while a submitted job has not been returned by ``get_finished_jobs``."""
+        return bool(self._jobs or self._early)
 
     def take_events(self) -> list:
         """BlockStored events of successful store jobs, oldest first (empty when disabled)."""
         if self._tier is None or not self.events_enabled:
             return []
         return [
-            _make_event(keys=list(e.keys), medium=Medium.STORAGE, removed=False, locality=self.locality)
+            OffloadingEvent(keys=list(e.keys), medium=Medium.STORAGE, removed=False, locality=self.locality)
             for e in self._tier.take_events()
         ]
 
@@ -729,6 +785,45 @@ class KvtierTier(_Base):
             tier.close()  # cancels queued work, waits for I/O in progress, frees the handle
         self._primary_kv_view = None
 
+    # -- metrics ---------------------------------------------------------------------
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict) -> dict:
+        """kvtier's counters (:data:`STAT_HELP`) and its jobs-in-flight gauge, for vLLM's
+        Prometheus exposition; every one is labelled with the tier's ``type``."""
+        base = importlib.import_module(_OFFLOAD)
+        metrics = {
+            METRIC_PREFIX + name: base.OffloadingCounterMetadata(documentation=help_text, labelnames=METRIC_LABELS)
+            for name, help_text in STAT_HELP.items()
+        }
+        metrics[JOBS_IN_FLIGHT_METRIC] = base.OffloadingGaugeMetadata(
+            documentation="kvtier store and load jobs in flight.", labelnames=METRIC_LABELS
+        )
+        return metrics
+
+    def get_stats(self) -> Any:
+        """What kvtier's counters grew by since the last call, and the jobs in flight."""
+        if self._tier is None:
+            return None
+        stats = _metrics_module().OffloadingConnectorStats()
+        labels = (self.tier_type,)
+        now = self._tier.stats()
+        for name in STAT_HELP:
+            grown = now[name] - self._reported_stats[name]
+            if grown:
+                stats.increase_counter(METRIC_PREFIX + name, grown, labels)
+            self._reported_stats[name] = now[name]
+        stats.set_gauge(JOBS_IN_FLIGHT_METRIC, self._tier.jobs_in_flight(), labels)
+        return stats
+
+    @classmethod
+    def config_info_keys(cls, tier_config: dict) -> tuple:
+        return CONFIG_INFO_KEYS
+
+    def config_info(self) -> dict:
+        """kvtier's version, the store type and where objects go (never a credential)."""
+        return dict(self._config_info)
+
     # -- extras ----------------------------------------------------------------------
 
     @property
@@ -745,12 +840,20 @@ class KvtierTier(_Base):
         return f"<{type(self).__name__} {self.tier_type!r} namespace={self.namespace!r} {state}>"
 
 
-def _job_slots(job: Any):
-    for name in ("chunk_ids", "block_ids", "primary_slots"):
-        slots = getattr(job, name, None)
-        if slots is not None:
-            return slots
-    raise TypeError("the job has no chunk_ids/block_ids")
+def _location(config: Mapping[str, Any], prefix: str, namespace: str) -> str:
+    """Where a tier's objects go, for logs and vLLM's info metric; never a credential."""
+    store = config["store"]
+    objects = "/".join(p for p in (prefix.strip("/"), namespace) if p)
+    if store["type"] == "s3":
+        endpoint = store.get("endpoint_override") or "AWS"
+        if "://" not in endpoint and store.get("endpoint_override"):
+            endpoint = f"{store.get('scheme', 'https')}://{endpoint}"
+        where = f"{endpoint}/{store['bucket']}"
+    elif store["type"] == "local":
+        where = f"file://{store.get('path', '')}"
+    else:
+        where = f"memory:{store.get('name', '')}"
+    return f"{where}/{objects}" if objects else where
 
 
 #: The same class under a name that reads well in a vLLM configuration
@@ -768,10 +871,13 @@ __all__ = [
     "OffloadingEvent",
     "ReqContext",
     "RequestOffloadingContext",
-    "ScheduleEndContext",
+    "STAT_HELP",
+    "TESTED_VLLM_VERSIONS",
     "TransferJob",
     "build_tier_config",
     "derive_namespace",
     "namespace_fields",
+    "interface_mismatch",
     "parse_locality",
+    "vllm_version",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import sys
 import time
 import uuid
@@ -149,7 +150,17 @@ def ctx(req_id: str):
     return ReqContext(req_id=req_id)
 
 
-def resolve(tier, key: bytes, req: str, timeout: float = 15.0):
+#: Longest a lookup answer is waited for between two checks of it (answers raise no fd).
+LOOKUP_POLL_S = 0.002
+
+
+def wait_for_io(tier, timeout: float) -> None:
+    """Blocks until the tier has job results to hand out (its event fd turns readable) or
+    ``timeout`` passes, whichever comes first."""
+    select.select([tier.tier.event_fd()], [], [], timeout)
+
+
+def resolve(tier, key: bytes, req: str, timeout: float = 30.0):
     """Asks the way the manager does, one step at a time, until the answer is not RETRY."""
     from kvtier.vllm import LookupResult
 
@@ -160,11 +171,11 @@ def resolve(tier, key: bytes, req: str, timeout: float = 15.0):
             return verdict
         assert time.monotonic() < deadline, "lookup never resolved"
         tier.on_schedule_end(None)
-        time.sleep(0.002)
+        wait_for_io(tier, LOOKUP_POLL_S)
 
 
-def collect(tier, job_ids, timeout: float = 15.0) -> dict:
-    """Polls get_finished_jobs until every id in ``job_ids`` came back, each exactly once."""
+def collect(tier, job_ids, timeout: float = 30.0) -> dict:
+    """Waits for get_finished_jobs to hand back every id in ``job_ids``, each exactly once."""
     wanted = set(job_ids)
     got: dict = {}
     deadline = time.monotonic() + timeout
@@ -175,5 +186,6 @@ def collect(tier, job_ids, timeout: float = 15.0) -> dict:
             got[result.job_id] = result
         if set(got) == wanted:
             return got
-        assert time.monotonic() < deadline, f"jobs {sorted(wanted - set(got))} never finished"
-        time.sleep(0.002)
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"jobs {sorted(wanted - set(got))} never finished"
+        wait_for_io(tier, remaining)

@@ -1,0 +1,301 @@
+"""kvtier inside vLLM 0.33's own tiering manager.
+
+Every engine here is built by vLLM's code from a ``secondary_tiers`` entry shaped like the
+README's: vLLM's ``SecondaryTierFactory`` imports ``kvtier.vllm`` by ``module_path`` and
+constructs the tier, ``TieringOffloadingSpec.get_manager()`` wires it under the CPU
+primary tier, and the tests drive the ``TieringOffloadingManager`` through its public
+methods, playing the GPU worker on the primary tier's memory. Nothing of vLLM is stubbed.
+
+Each test runs on the local-directory store and on the S3 servers of the session
+(s3s-fs and moto when ``KVTIER_TEST_S3_SERVERS=1``), with chunks of 1 and 4 blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import uuid
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="needs vLLM (scripts/install-tools.sh installs it)")
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.events import OffloadingEventsTracker  # noqa: E402
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingKVEventsConfig,
+    make_offload_key,
+)
+from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash  # noqa: E402
+from vllm.v1.kv_offload.file_mapper import FileMapper  # noqa: E402
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector  # noqa: E402
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+
+import kvtier  # noqa: E402
+from kvtier import vllm as kv_vllm  # noqa: E402
+from kvtier._native import STATS_FIELDS  # noqa: E402
+from vllm_engine import BLOCK_BYTES, Engine  # noqa: E402
+
+MODEL = "org/modèle-ü"
+
+
+@pytest.fixture(params=[1, 4], ids=["chunk1", "chunk4"])
+def blocks_per_chunk(request) -> int:
+    return request.param
+
+
+def tier_entry(store, **overrides) -> dict:
+    """The README's secondary_tiers entry, on this test's store."""
+    entry = {
+        "type": "KvtierTier",
+        "module_path": "kvtier.vllm",
+        "store_config": dict(store.store_config),
+        "prefix": store.prefix,
+        "enable_kv_events": True,
+        "locality": "REMOTE",
+    }
+    entry.update(overrides)
+    return entry
+
+
+@pytest.fixture
+def engines(store, blocks_per_chunk):
+    """Factory of engines over ``store``; every one is shut down at teardown."""
+    made: list[Engine] = []
+
+    def make(**overrides) -> Engine:
+        entry = tier_entry(store, **overrides.pop("entry", {}))
+        engine = Engine([entry], model=MODEL, blocks_per_chunk=blocks_per_chunk, **overrides)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.shutdown()
+
+
+def chunk_key(i, salt: str) -> bytes:
+    """A chunk's OffloadKey: a SHA-256 block hash (vLLM's default) and group 0."""
+    return make_offload_key(hashlib.sha256(f"{salt}-{i}".encode()).digest(), 0)
+
+
+def content(key: bytes, nbytes: int) -> np.ndarray:
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
+    return rng.integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def blocks_for(engine: Engine, keys) -> dict[bytes, np.ndarray]:
+    return {k: content(k, engine.pool.shape[1]) for k in keys}
+
+
+def kvtier_tier(engine: Engine) -> kv_vllm.KvtierTier:
+    (tier,) = engine.tiers
+    assert isinstance(tier, kv_vllm.KvtierTier)
+    return tier
+
+
+# -- construction by vLLM's factory --------------------------------------------------------
+
+
+def test_vllms_factory_builds_the_readme_entry(engines, blocks_per_chunk):
+    engine = engines()
+    tier = kvtier_tier(engine)
+    assert tier.tier_type == "KvtierTier"
+    assert tier.locality is Locality.REMOTE and tier.events_enabled
+    assert tier.medium is Medium.STORAGE
+    assert tier.bp_detector is None
+    assert (tier.num_slots, tier.row_bytes) == engine.pool.shape
+    assert tier.row_bytes == BLOCK_BYTES * blocks_per_chunk
+    # The namespace is the one vLLM's own obj tier uses for this spec.
+    mapper = FileMapper.from_offloading_spec(
+        "", engine.spec, blocks_per_file=blocks_per_chunk, parallel_agnostic=True
+    )
+    assert tier.namespace == f"{mapper.base_path.rsplit('/', 1)[-1]}_r{mapper.rank}"
+    assert tier.namespace.startswith("org_modèle-ü_")
+
+
+def test_chunk_sizes_get_different_namespaces(store):
+    names = []
+    for bpc in (1, 4):
+        engine = Engine([tier_entry(store)], model=MODEL, blocks_per_chunk=bpc)
+        try:
+            names.append(kvtier_tier(engine).namespace)
+        finally:
+            engine.shutdown()
+    assert names[0] != names[1]
+
+
+def test_a_backpressure_block_reaches_the_tier(engines):
+    engine = engines(entry={"backpressure": {"backpressure_cls": "EMABackpressureDetector"}})
+    tier = kvtier_tier(engine)
+    assert isinstance(tier.bp_detector, BackpressureDetector)
+    keys = [chunk_key(i, "bp") for i in range(3)]
+    engine.store("r", blocks_for(engine, keys))
+    engine.settle()
+    # The manager fed the detector from kvtier's results (transfer_bytes, no failure).
+    assert tier.bp_detector.stats
+
+
+# -- the whole life of a block through the manager ---------------------------------------------
+
+
+def test_cascade_then_a_second_engine_promotes_byte_exact(engines):
+    writer = engines()
+    keys = [chunk_key(i, "life") for i in range(6)]
+    blocks = blocks_for(writer, keys)
+    writer.store("r1", dict(list(blocks.items())[:3]))
+    writer.store("r1", dict(list(blocks.items())[3:]))
+    tier = kvtier_tier(writer)
+    assert tier.has_pending_work()  # submitted, not yet reported to the manager
+    writer.settle()
+    assert not tier.has_pending_work()
+    assert tier.kvtier_stats()["keys_stored"] == 6
+
+    # Events: the manager hands kvtier's BlockStored events to vLLM's tracker.
+    stored = [e for e in writer.events if e.medium is Medium.STORAGE]
+    assert sorted(list(e.keys) for e in stored) == sorted([keys[:3], keys[3:]])
+    assert all(e.locality is Locality.REMOTE and not e.removed for e in stored)
+    tracker = OffloadingEventsTracker(OffloadingKVEventsConfig(True, False))
+    kv_events = list(tracker.take_events(stored))
+    assert len(kv_events) == 6
+    expected = {maybe_convert_block_hash(BlockHash(k[:-4])) for k in keys}
+    assert {e.block_hashes[0] for e in kv_events} == expected
+    assert {(e.medium, e.locality) for e in kv_events} == {("STORAGE", "REMOTE")}
+    writer.finish("r1")
+
+    reader = engines()
+    assert [reader.lookup(k, "r2") for k in keys] == [LookupResult.RETRY] * 6
+    verdicts = reader.promote(keys, "r2")
+    assert set(verdicts.values()) == {LookupResult.HIT}
+    for key, row in zip(keys, reader.read(keys, "r2")):
+        assert np.array_equal(row, blocks[key])
+    assert kvtier_tier(reader).kvtier_stats()["keys_loaded"] == 6
+
+
+def test_absent_chunks_retry_then_miss(engines):
+    engine = engines()
+    absent = [chunk_key(i, "absent") for i in range(3)]
+    assert [engine.lookup(k, "r") for k in absent] == [LookupResult.RETRY] * 3
+    assert [engine.resolve(k, "r") for k in absent] == [LookupResult.MISS] * 3
+    assert kvtier_tier(engine).kvtier_stats()["keys_loaded"] == 0
+
+
+def test_a_truncated_object_fails_only_its_chunk(engines, store):
+    writer = engines()
+    keys = [chunk_key(i, "partial") for i in range(3)]
+    blocks = blocks_for(writer, keys)
+    writer.store("w", {keys[0]: blocks[keys[0]], keys[2]: blocks[keys[2]]})
+    writer.settle()
+    # The middle chunk's object is half as long as a chunk (another writer's block size).
+    namespace = kvtier_tier(writer).namespace
+    row = writer.pool.shape[1]
+    short = kvtier.Tier(kv_vllm.build_tier_config(store.store_config, prefix=store.prefix, namespace=namespace))
+    try:
+        half = np.zeros((1, row // 2), dtype=np.uint8)
+        short.register_memory(half)
+        short.submit_store(1, [0], [keys[1]])
+        short.drain(30_000)
+        (outcome,) = short.poll()
+        assert outcome.ok
+    finally:
+        short.close()
+
+    reader = engines()
+    verdicts = reader.promote(keys, "r")
+    assert verdicts == {keys[0]: LookupResult.HIT, keys[1]: LookupResult.MISS, keys[2]: LookupResult.HIT}
+    rows = reader.read([keys[0], keys[2]], "r")
+    assert np.array_equal(rows[0], blocks[keys[0]]) and np.array_equal(rows[1], blocks[keys[2]])
+    # The failed chunk stays a MISS for this request: no promotion loop.
+    assert reader.lookup(keys[1], "r") is LookupResult.MISS
+
+
+def test_reset_cache_drains_the_tier_and_loses_nothing(engines):
+    writer = engines()
+    keys = [chunk_key(i, "reset") for i in range(24)]
+    blocks = blocks_for(writer, keys)
+    for i in range(0, 24, 4):
+        writer.store("w", {k: blocks[k] for k in keys[i : i + 4]})
+    tier = kvtier_tier(writer)
+    writer.evict_all()  # reset_cache with the cascades in flight: drain_jobs, then reset
+    assert tier.tier.jobs_in_flight() == 0
+    writer.finish("w")
+    writer.settle()
+    assert tier.kvtier_stats()["keys_stored"] == 24
+
+    verdicts = writer.promote(keys, "again")  # the primary tier is empty now
+    assert set(verdicts.values()) == {LookupResult.HIT}
+    for key, row in zip(keys, writer.read(keys, "again")):
+        assert np.array_equal(row, blocks[key])
+
+
+def test_shutdown_stops_the_tier_and_is_idempotent(engines):
+    engine = engines()
+    keys = [chunk_key(i, "shutdown") for i in range(4)]
+    engine.store("r", blocks_for(engine, keys))
+    tier = kvtier_tier(engine)
+    engine.shutdown()
+    assert tier.tier is None and not tier.has_pending_work()
+    engine.shutdown()
+    tier.shutdown()
+
+
+# -- metrics and config info --------------------------------------------------------------------
+
+
+def test_kvtier_metrics_are_declared_and_reported_through_the_manager(engines, blocks_per_chunk):
+    engine = engines()
+    definitions = TieringOffloadingSpec.build_metric_definitions(engine.config.extra_config)
+    assert set(kv_vllm.STAT_HELP) == set(STATS_FIELDS)  # every counter of kvt_stats
+    for name in STATS_FIELDS:
+        assert f"vllm:kv_offload_kvtier_{name}" in definitions
+    assert kv_vllm.JOBS_IN_FLIGHT_METRIC in definitions
+
+    keys = [chunk_key(i, "metrics") for i in range(5)]
+    engine.store("r", blocks_for(engine, keys))
+    engine.settle()
+    label = ("KvtierTier",)
+    data = engine.manager.get_stats().data["data"]
+    assert data["vllm:kv_offload_kvtier_keys_stored"][label] == 5
+    assert data["vllm:kv_offload_kvtier_bytes_stored"][label] == 5 * BLOCK_BYTES * blocks_per_chunk
+    assert data[kv_vllm.JOBS_IN_FLIGHT_METRIC][label] == 0
+    # Counters report growth: nothing new, nothing reported.
+    again = engine.manager.get_stats().data["data"]
+    assert "vllm:kv_offload_kvtier_keys_stored" not in again
+    engine.resolve(chunk_key(99, "metrics"), "r")
+    grown = engine.manager.get_stats().data["data"]
+    assert grown["vllm:kv_offload_kvtier_existence_checks"][label] == 1
+
+
+def test_config_info_names_the_store_without_secrets(engines, store):
+    engine = engines()
+    keys = TieringOffloadingSpec.config_info_keys(engine.config.extra_config)
+    assert set(kv_vllm.CONFIG_INFO_KEYS) <= set(keys)
+    infos = engine.manager.config_info()
+    (ours,) = [i for i in infos if "kvtier_store" in i]
+    assert ours["kvtier_version"] == kvtier.version()
+    assert ours["kvtier_store"] == ("local" if store.kind == "local" else "s3")
+    assert store.prefix in ours["kvtier_location"]
+    secret = store.store_config.get("secret_key")
+    assert not secret or secret not in repr(infos)
+
+
+# -- versions -----------------------------------------------------------------------------------
+
+
+def test_an_unknown_tier_interface_fails_at_construction_with_a_clear_message(store, monkeypatch):
+    @dataclasses.dataclass
+    class OlderJobResult:  # an interface without transfer_bytes
+        job_id: int
+        success: bool
+
+    monkeypatch.setattr(kv_vllm, "JobResult", OlderJobResult)
+    with pytest.raises(RuntimeError, match=r"vLLM 0\.33.*JobResult\.transfer_bytes"):
+        Engine([tier_entry(store)], model=MODEL, engine_id=f"old-{uuid.uuid4().hex[:8]}")
+
+
+def test_the_installed_vllm_is_a_tested_version():
+    assert kv_vllm.vllm_version() in kv_vllm.TESTED_VLLM_VERSIONS
+    assert kv_vllm.interface_mismatch() is None
