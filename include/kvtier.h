@@ -12,6 +12,12 @@
  * NULL. A NULL required pointer is KVT_STATUS_NULL_ARGUMENT, never a crash.
  *   kvt_tier_free(NULL) is a no-op.
  *
+ * Handles. A non-NULL tier argument must be a handle returned by kvt_tier_new and not
+ *   yet passed to kvt_tier_free. Anything else (a freed handle, a second kvt_tier_free,
+ *   a pointer from elsewhere) is undefined behaviour: the library checks a tag in the
+ *   handle as a best effort (KVT_STATUS_STATE; a debug build of the library treats a bad
+ *   tag as an internal error) but cannot detect a handle whose memory was reused.
+ *
  * Ownership. kvt_tier_new hands the caller a kvt_tier it owns and must release with
  *   kvt_tier_free exactly once. Arrays passed in (keys, block ids, config) are borrowed
  *   for the call only. The host pool passed to kvt_tier_register_memory stays the
@@ -34,6 +40,26 @@
  *   itself on one tier. kvt_tier_shutdown and kvt_tier_free must not run concurrently
  *   with any other call on that tier. Only kvt_tier_new (start-up probe),
  *   kvt_tier_drain, kvt_tier_shutdown and kvt_tier_free block.
+ *
+ * Lifecycle.
+ *   After kvt_tier_shutdown: kvt_tier_poll, kvt_tier_take_events, kvt_tier_stats,
+ *   kvt_tier_event_fd, kvt_tier_jobs_in_flight, kvt_tier_shutdown and kvt_tier_free
+ *   work as before (to collect the last results, events and counters);
+ *   kvt_tier_submit_store/_load return KVT_STATUS_SHUT_DOWN and still yield the job's
+ *   result; kvt_tier_register_memory, kvt_tier_drain, kvt_tier_lookup,
+ *   kvt_tier_schedule_end and kvt_tier_request_finished return KVT_STATUS_SHUT_DOWN.
+ *   After a call returned KVT_STATUS_PANIC (an internal error, caught), the tier
+ *   refuses further work: the same calls that collect or shut down keep working, the
+ *   submit calls return KVT_STATUS_PANIC and still yield the job's result, and the other
+ *   calls return KVT_STATUS_PANIC. Shut it down and free it. The panic's text is in
+ *   kvt_last_error(); the library prints nothing to stderr.
+ *   After fork(): a tier belongs to the process that created it. In a child, every call
+ *   on a parent's tier returns KVT_STATUS_FORKED at once (no job is queued, no result is
+ *   produced), and kvt_tier_free retires the handle without joining threads (they exist
+ *   only in the parent) and without touching anything shared with the parent; the
+ *   memory and descriptors of that tier (except its event fd, which is closed) are not
+ *   reclaimed in the child. The child may create tiers of its own with kvt_tier_new.
+ *   The parent's tiers are unaffected.
  *
  * Unloading. The library runs I/O threads and must not be dlclose()d; it is linked with
  *   -z nodelete so dlclose() leaves it in place.
@@ -108,6 +134,9 @@ typedef enum kvt_status {
   KVT_STATUS_BUCKET_NOT_FOUND = 17,
   // TLS failed: the server certificate could not be verified.
   KVT_STATUS_TLS = 18,
+  // The tier was created by another process: this process is a fork() child of it.
+  // Only `kvt_tier_free` may be called on such a tier.
+  KVT_STATUS_FORKED = 19,
 } kvt_status;
 
 // Direction of a job.
@@ -136,7 +165,7 @@ typedef enum kvt_locality {
   KVT_LOCALITY_REMOTE = 2,
 } kvt_locality;
 
-// A tier handle. Opaque to C.
+// A tier handle. Opaque to C (so not `repr(C)`: cbindgen declares it only).
 typedef struct kvt_tier kvt_tier;
 
 // One finished job, as returned by `kvt_tier_poll`.
@@ -307,11 +336,13 @@ enum kvt_status kvt_tier_poll(struct kvt_tier *tier,
 
 // A file descriptor that is readable while results wait to be polled, for epoll/poll
 // based hosts. Owned by the tier: do not close it or read from it. Valid until
-// `kvt_tier_free`. Returns -1 for a NULL or invalid tier. Thread-safe.
+// `kvt_tier_free`. Returns -1 for a NULL or invalid tier, and in a fork() child of the
+// tier's process. Thread-safe.
 int kvt_tier_event_fd(struct kvt_tier *tier);
 
 // Number of jobs submitted and not yet finished (results not yet queued).
-// Returns 0 for a NULL tier. Thread-safe.
+// Returns 0 for a NULL or invalid tier, and in a fork() child of the tier's process.
+// Thread-safe.
 size_t kvt_tier_jobs_in_flight(struct kvt_tier *tier);
 
 // Blocks until no job is in flight, or `timeout_ms` passes (KVT_STATUS_TIMEOUT). Results
@@ -326,15 +357,24 @@ enum kvt_status kvt_tier_drain(struct kvt_tier *tier, uint64_t timeout_ms);
 //    then abandoned (reported as KVT_STATUS_CANCELLED);
 // 4. the I/O threads are stopped and joined.
 //
-// When it returns, the library no longer touches the host pool. Results remain
-// available to `kvt_tier_poll`; other calls return KVT_STATUS_SHUT_DOWN. Idempotent.
-// Blocks. Must not run concurrently with other calls on the same tier.
+// When it returns, the library no longer touches the host pool. Afterwards
+// `kvt_tier_poll`, `kvt_tier_take_events`, `kvt_tier_stats`, `kvt_tier_event_fd`,
+// `kvt_tier_jobs_in_flight`, `kvt_tier_shutdown` and `kvt_tier_free` keep working; the
+// submit calls return KVT_STATUS_SHUT_DOWN and still yield their result; every other
+// call returns KVT_STATUS_SHUT_DOWN. Idempotent. Blocks. Must not run concurrently with
+// other calls on the same tier.
 enum kvt_status kvt_tier_shutdown(struct kvt_tier *tier);
 
 // Shuts the tier down (as `kvt_tier_shutdown`) and releases the handle and everything it
 // owns, including unpolled results and the event fd. `tier` must not be used afterwards
-// and must not be freed twice. NULL is a no-op. Blocks. Must not run concurrently with
-// other calls on the same tier.
+// and must not be freed twice (undefined behaviour). NULL is a no-op. Blocks. Must not
+// run concurrently with other calls on the same tier.
+//
+// In a fork() child of the process that created the tier, it returns at once: the
+// handle is retired without joining the tier's threads (they exist only in the parent)
+// and without touching locks, sockets or registrations shared with the parent; only the
+// child's copy of the event fd is closed, the rest of the tier's memory stays allocated
+// in the child.
 void kvt_tier_free(struct kvt_tier *tier);
 
 // Answers whether the tier holds `key` for request `req_id`, in `*out_result`:

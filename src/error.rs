@@ -48,6 +48,9 @@ pub enum Status {
     BucketNotFound = 17,
     /// TLS failed: the server certificate could not be verified.
     Tls = 18,
+    /// The tier was created by another process: this process is a fork() child of it.
+    /// Only `kvt_tier_free` may be called on such a tier.
+    Forked = 19,
 }
 
 impl Status {
@@ -73,6 +76,7 @@ impl Status {
             Status::PermissionDenied => c"permission denied",
             Status::BucketNotFound => c"bucket not found",
             Status::Tls => c"TLS error",
+            Status::Forked => c"tier belongs to the parent process",
         }
     }
 

@@ -21,8 +21,10 @@ import dataclasses
 import enum
 import json
 import operator
+import os
 import threading
 import warnings
+import weakref
 from typing import Any, Mapping, Sequence
 
 from . import _native
@@ -190,6 +192,24 @@ def _mismatch(ids, expected):
     raise ValueError(f"{len(ids)} block ids for {expected} keys; a job moves one block per key")
 
 
+_live_tiers: "weakref.WeakSet[Tier]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A tier belongs to the process that created it: in a child the C calls on it fail
+    # at once with FORKED and close() only retires the handle. The binding's own locks
+    # may have been held by parent threads at fork time: fresh ones, so that those calls
+    # raise instead of hanging.
+    for tier in list(_live_tiers):
+        tier._lock = threading.RLock()
+        tier._poll_lock = threading.Lock()
+        tier._events_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Tier:
     """A kvtier tier (``kvt_tier``).
 
@@ -200,7 +220,9 @@ class Tier:
 
     A tier may be used from several threads, except that :meth:`shutdown` and
     :meth:`close` must not run concurrently with other calls (as in C); :meth:`poll` and
-    :meth:`take_events` serialize themselves.
+    :meth:`take_events` serialize themselves. A tier belongs to the process that created
+    it: in a ``fork()`` child its methods raise (status FORKED) and :meth:`close` only
+    retires the handle; create a new tier there.
     """
 
     def __init__(self, config: Mapping[str, Any] | str):
@@ -215,6 +237,7 @@ class Tier:
         self._pool: tuple | None = None  # references that keep the host pool alive
         self.num_blocks = 0
         self.block_bytes = 0
+        _live_tiers.add(self)
 
     # -- lifetime --------------------------------------------------------------------
 

@@ -12,10 +12,11 @@
 mod boundary;
 
 use std::ffi::{c_char, c_int, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use boundary::{check_tier, guard, guard_or, set_last_error};
+use boundary::{current_pid, guard, guard_tier, guard_tier_or, set_last_error, Access};
 
 use crate::config::Locality;
 use crate::error::{Error, Status};
@@ -31,13 +32,18 @@ pub const KVT_DEFAULT_KEY_BYTES: usize = 36;
 /// Most keys one job may carry; a larger `num_keys` is KVT_STATUS_INVALID_ARGUMENT.
 pub const KVT_MAX_KEYS_PER_JOB: usize = 1 << 20;
 
-/// Tag of a live tier handle; checked on every call so that a stale handle is reported
-/// rather than used, as long as its memory was not reused.
+/// Tag of a live tier handle, checked on every call as a best effort (see `check_tier`);
+/// cleared when the handle is freed.
 const TIER_MAGIC: u64 = 0x6b76_7469_6572_0001;
 
-/// A tier handle. Opaque to C.
+/// A tier handle. Opaque to C (so not `repr(C)`: cbindgen declares it only).
 pub struct kvt_tier {
+    /// Read and cleared through volatile accesses, so the clearing store on free is kept.
     magic: u64,
+    /// The process that created the tier: its threads exist only there.
+    pid: u32,
+    /// A call on this tier panicked: it refuses further work.
+    failed: AtomicBool,
     tier: Tier,
     /// Per-key statuses and messages of the last poll, kept alive until the next poll.
     last_poll: Mutex<PollScratch>,
@@ -126,9 +132,9 @@ pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
 
 fn status_from_int(value: c_int) -> Option<Status> {
     use Status::*;
-    const ALL: [Status; 19] = [
+    const ALL: [Status; 20] = [
         Ok, NullArgument, InvalidArgument, Config, Connect, Io, NotFound, State, Panic, DuplicateJob, ShutDown,
-        Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls,
+        Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls, Forked,
     ];
     ALL.iter().copied().find(|s| *s as c_int == value)
 }
@@ -167,6 +173,8 @@ pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut
         let tier = Tier::from_json(json)?;
         let handle = Box::new(kvt_tier {
             magic: TIER_MAGIC,
+            pid: current_pid(),
+            failed: AtomicBool::new(false),
             tier,
             last_poll: Mutex::new(PollScratch::default()),
             last_events: Mutex::new(Vec::new()),
@@ -191,8 +199,7 @@ pub unsafe extern "C" fn kvt_tier_register_memory(
     num_blocks: u64,
     block_bytes: usize,
 ) -> Status {
-    guard("kvt_tier_register_memory", || {
-        let handle = check_tier(tier)?;
+    guard_tier("kvt_tier_register_memory", tier, Access::Work, |handle| {
         handle.tier.register_memory(base, num_blocks, block_bytes)
     })
 }
@@ -207,8 +214,11 @@ unsafe fn submit(
     key_len: usize,
     num_keys: usize,
 ) -> Status {
-    guard(what, || {
-        let handle = check_tier(tier)?;
+    guard_tier(what, tier, Access::Submit, |handle| {
+        if handle.failed.load(Ordering::Acquire) {
+            let e = Error::new(Status::Panic, "an earlier call on this tier panicked; it refuses further work: shut it down and free it");
+            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
+        }
         if num_keys > crate::tier::MAX_KEYS_PER_JOB {
             return Err(handle.tier.submit_rejected(
                 kind,
@@ -311,8 +321,9 @@ pub unsafe extern "C" fn kvt_tier_poll(
     capacity: usize,
     out_count: *mut usize,
 ) -> Status {
-    guard("kvt_tier_poll", || {
-        let handle = check_tier_and_outputs(tier, out_results, capacity, out_count)?;
+    reset_count(out_count);
+    guard_tier("kvt_tier_poll", tier, Access::Collect, |handle| {
+        check_outputs(out_results, capacity, out_count)?;
         let mut scratch = handle.last_poll.lock().unwrap_or_else(|p| p.into_inner());
         scratch.key_status.clear();
         scratch.messages.clear();
@@ -343,17 +354,19 @@ pub unsafe extern "C" fn kvt_tier_poll(
 
 /// A file descriptor that is readable while results wait to be polled, for epoll/poll
 /// based hosts. Owned by the tier: do not close it or read from it. Valid until
-/// `kvt_tier_free`. Returns -1 for a NULL or invalid tier. Thread-safe.
+/// `kvt_tier_free`. Returns -1 for a NULL or invalid tier, and in a fork() child of the
+/// tier's process. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
-    guard_or("kvt_tier_event_fd", -1, || Ok(check_tier(tier)?.tier.ready_fd()))
+    guard_tier_or("kvt_tier_event_fd", tier, Access::Collect, -1, |handle| Ok(handle.tier.ready_fd())).0
 }
 
 /// Number of jobs submitted and not yet finished (results not yet queued).
-/// Returns 0 for a NULL tier. Thread-safe.
+/// Returns 0 for a NULL or invalid tier, and in a fork() child of the tier's process.
+/// Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
-    guard_or("kvt_tier_jobs_in_flight", 0, || Ok(check_tier(tier)?.tier.jobs_in_flight()))
+    guard_tier_or("kvt_tier_jobs_in_flight", tier, Access::Collect, 0, |handle| Ok(handle.tier.jobs_in_flight())).0
 }
 
 /// Blocks until no job is in flight, or `timeout_ms` passes (KVT_STATUS_TIMEOUT). Results
@@ -361,13 +374,7 @@ pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
 /// Thread-safe; must not be called from a thread that other jobs' completion depends on.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_drain(tier: *mut kvt_tier, timeout_ms: u64) -> Status {
-    guard("kvt_tier_drain", || {
-        let handle = check_tier(tier)?;
-        if handle.tier.is_shut_down() {
-            return Err(Error::new(Status::ShutDown, "kvt_tier_drain after shutdown"));
-        }
-        handle.tier.drain(Duration::from_millis(timeout_ms))
-    })
+    guard_tier("kvt_tier_drain", tier, Access::Work, |handle| handle.tier.drain(Duration::from_millis(timeout_ms)))
 }
 
 /// Shuts the tier down, in order:
@@ -377,34 +384,66 @@ pub unsafe extern "C" fn kvt_tier_drain(tier: *mut kvt_tier, timeout_ms: u64) ->
 ///    then abandoned (reported as KVT_STATUS_CANCELLED);
 /// 4. the I/O threads are stopped and joined.
 ///
-/// When it returns, the library no longer touches the host pool. Results remain
-/// available to `kvt_tier_poll`; other calls return KVT_STATUS_SHUT_DOWN. Idempotent.
-/// Blocks. Must not run concurrently with other calls on the same tier.
+/// When it returns, the library no longer touches the host pool. Afterwards
+/// `kvt_tier_poll`, `kvt_tier_take_events`, `kvt_tier_stats`, `kvt_tier_event_fd`,
+/// `kvt_tier_jobs_in_flight`, `kvt_tier_shutdown` and `kvt_tier_free` keep working; the
+/// submit calls return KVT_STATUS_SHUT_DOWN and still yield their result; every other
+/// call returns KVT_STATUS_SHUT_DOWN. Idempotent. Blocks. Must not run concurrently with
+/// other calls on the same tier.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_shutdown(tier: *mut kvt_tier) -> Status {
-    guard("kvt_tier_shutdown", || {
-        check_tier(tier)?.tier.shutdown();
+    guard_tier("kvt_tier_shutdown", tier, Access::Collect, |handle| {
+        handle.tier.shutdown();
         Ok(())
     })
 }
 
 /// Shuts the tier down (as `kvt_tier_shutdown`) and releases the handle and everything it
 /// owns, including unpolled results and the event fd. `tier` must not be used afterwards
-/// and must not be freed twice. NULL is a no-op. Blocks. Must not run concurrently with
-/// other calls on the same tier.
+/// and must not be freed twice (undefined behaviour). NULL is a no-op. Blocks. Must not
+/// run concurrently with other calls on the same tier.
+///
+/// In a fork() child of the process that created the tier, it returns at once: the
+/// handle is retired without joining the tier's threads (they exist only in the parent)
+/// and without touching locks, sockets or registrations shared with the parent; only the
+/// child's copy of the event fd is closed, the rest of the tier's memory stays allocated
+/// in the child.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
-    guard_or("kvt_tier_free", (), || {
-        if tier.is_null() {
-            return Ok(());
-        }
-        let handle = check_tier(tier)?;
-        handle.tier.shutdown();
-        let mut boxed = Box::from_raw(tier);
-        boxed.magic = 0;
-        drop(boxed);
+    if tier.is_null() {
+        set_last_error(None);
+        return;
+    }
+    let forked = std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) == TIER_MAGIC && (*tier).pid != current_pid();
+    if forked {
+        // A forked child: the tier's threads exist only in the parent, its locks may be
+        // held by them, and its sockets and epoll registrations are shared with the
+        // parent. Releasing any of that would hang or disturb the parent, so the handle
+        // is retired without running its destructor: only the child's copy of the event
+        // fd is closed.
+        std::ptr::write_volatile(std::ptr::addr_of_mut!((*tier).magic), 0);
+        libc::close((*tier).tier.ready_fd());
+        set_last_error(None);
+        return;
+    }
+    let (live, _) = guard_tier_or("kvt_tier_free", tier, Access::Collect, false, |_| Ok(true));
+    if !live {
+        return;
+    }
+    // Separate steps: a panic while the handle is being released must not mark the
+    // (by then freed) handle failed.
+    let stopped = guard("kvt_tier_free", || {
+        (*tier).tier.shutdown();
         Ok(())
-    })
+    });
+    let released = guard("kvt_tier_free", || {
+        std::ptr::write_volatile(std::ptr::addr_of_mut!((*tier).magic), 0);
+        drop(Box::from_raw(tier));
+        Ok(())
+    });
+    if stopped != Status::Ok && released == Status::Ok {
+        set_last_error(Some(Error::new(stopped, "kvt_tier_free: the shutdown panicked; the handle was released")));
+    }
 }
 
 /// Answers whether the tier holds `key` for request `req_id`, in `*out_result`:
@@ -426,8 +465,7 @@ pub unsafe extern "C" fn kvt_tier_lookup(
     key_len: usize,
     out_result: *mut LookupResult,
 ) -> Status {
-    guard("kvt_tier_lookup", || {
-        let handle = check_tier(tier)?;
+    guard_tier("kvt_tier_lookup", tier, Access::Work, |handle| {
         if key.is_null() || out_result.is_null() {
             return Err(Error::new(Status::NullArgument, if key.is_null() { "key is NULL" } else { "out_result is NULL" }));
         }
@@ -443,7 +481,7 @@ pub unsafe extern "C" fn kvt_tier_lookup(
 /// (separate from transfers). Never blocks. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
-    guard("kvt_tier_schedule_end", || check_tier(tier)?.tier.schedule_end())
+    guard_tier("kvt_tier_schedule_end", tier, Access::Work, |handle| handle.tier.schedule_end())
 }
 
 /// Tells the tier that request `req_id` will not look anything up again; verdicts held
@@ -451,8 +489,8 @@ pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
 /// Unknown ids are ignored. Never blocks. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_request_finished(tier: *mut kvt_tier, req_id: u64) -> Status {
-    guard("kvt_tier_request_finished", || {
-        check_tier(tier)?.tier.request_finished(req_id);
+    guard_tier("kvt_tier_request_finished", tier, Access::Work, |handle| {
+        handle.tier.request_finished(req_id);
         Ok(())
     })
 }
@@ -473,8 +511,9 @@ pub unsafe extern "C" fn kvt_tier_take_events(
     capacity: usize,
     out_count: *mut usize,
 ) -> Status {
-    guard("kvt_tier_take_events", || {
-        let handle = check_tier_and_outputs(tier, out_events, capacity, out_count)?;
+    reset_count(out_count);
+    guard_tier("kvt_tier_take_events", tier, Access::Collect, |handle| {
+        check_outputs(out_events, capacity, out_count)?;
         let mut kept = handle.last_events.lock().unwrap_or_else(|p| p.into_inner());
         *kept = handle.tier.take_events(capacity);
         for (i, event) in kept.iter().enumerate() {
@@ -502,8 +541,7 @@ pub unsafe extern "C" fn kvt_tier_take_events(
 /// NULL `tier` or `out_stats` is KVT_STATUS_NULL_ARGUMENT. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut StatsSnapshot, stats_size: usize) -> Status {
-    guard("kvt_tier_stats", || {
-        let handle = check_tier(tier)?;
+    guard_tier("kvt_tier_stats", tier, Access::Collect, |handle| {
         if out_stats.is_null() {
             return Err(Error::new(Status::NullArgument, "out_stats is NULL"));
         }
@@ -552,25 +590,22 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
     })
 }
 
-/// Checks the arguments of a function that fills a caller array: `*out_count` is reset to 0
-/// first, so it reads 0 on every error.
-unsafe fn check_tier_and_outputs<'a, T>(
-    tier: *mut kvt_tier,
-    out: *mut T,
-    capacity: usize,
-    out_count: *mut usize,
-) -> crate::Result<&'a kvt_tier> {
+/// `*out_count` reads 0 on every error of a function that fills a caller array.
+unsafe fn reset_count(out_count: *mut usize) {
     if !out_count.is_null() {
         *out_count = 0;
     }
-    let handle = check_tier(tier)?;
+}
+
+/// Checks the output arguments of a function that fills a caller array.
+unsafe fn check_outputs<T>(out: *mut T, capacity: usize, out_count: *mut usize) -> crate::Result<()> {
     if out_count.is_null() {
         return Err(Error::new(Status::NullArgument, "out_count is NULL"));
     }
     if out.is_null() && capacity > 0 {
         return Err(Error::new(Status::NullArgument, "the output array is NULL with capacity > 0"));
     }
-    Ok(handle)
+    Ok(())
 }
 
 pub(crate) fn status_of(result: crate::Result<()>) -> Status {
@@ -598,15 +633,88 @@ mod tests {
         assert_eq!(KVT_MAX_KEYS_PER_JOB, crate::tier::MAX_KEYS_PER_JOB);
     }
 
+    fn memory_tier() -> *mut kvt_tier {
+        let mut tier = std::ptr::null_mut();
+        let status = unsafe { kvt_tier_new(c"{\"store\":{\"type\":\"memory\"}}".as_ptr(), &mut tier) };
+        assert_eq!(status, Status::Ok);
+        tier
+    }
+
+    fn last_error() -> String {
+        unsafe { CStr::from_ptr(kvt_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_panic_marks_the_tier_failed_and_every_job_still_gets_its_result() {
+        let tier = memory_tier();
+        let mut pool = vec![0u8; 4096];
+        let key = [7u8; KVT_DEFAULT_KEY_BYTES];
+        let block = [0u64];
+        unsafe {
+            assert_eq!(kvt_tier_register_memory(tier, pool.as_mut_ptr(), 1, 4096), Status::Ok);
+            let status = guard_tier("test_call", tier, Access::Work, |_| panic!("deliberate"));
+            assert_eq!(status, Status::Panic);
+            let message = last_error();
+            assert!(message.contains("test_call: deliberate") && message.contains("ffi/mod.rs"), "{message}");
+            // Work is refused: submits with their one result, other calls outright.
+            assert_eq!(kvt_tier_submit_store(tier, 1, block.as_ptr(), key.as_ptr(), key.len(), 1), Status::Panic);
+            let mut verdict = LookupResult::Retry;
+            assert_eq!(kvt_tier_lookup(tier, 1, key.as_ptr(), key.len(), &mut verdict), Status::Panic);
+            assert_eq!(kvt_tier_schedule_end(tier), Status::Panic);
+            assert_eq!(kvt_tier_drain(tier, 0), Status::Panic);
+            // Collecting still works.
+            let mut results: [std::mem::MaybeUninit<kvt_result>; 4] = [const { std::mem::MaybeUninit::uninit() }; 4];
+            let mut n = 9;
+            assert_eq!(kvt_tier_poll(tier, results.as_mut_ptr() as *mut kvt_result, 4, &mut n), Status::Ok);
+            assert_eq!(n, 1);
+            let r = results[0].assume_init_read();
+            assert_eq!((r.job_id, r.status, r.num_keys), (1, Status::Panic, 1));
+            let mut stats = StatsSnapshot::default();
+            assert_eq!(kvt_tier_stats(tier, &mut stats, std::mem::size_of::<StatsSnapshot>()), Status::Ok);
+            assert_eq!(kvt_tier_shutdown(tier), Status::Ok);
+            kvt_tier_free(tier);
+        }
+    }
+
+    #[test]
+    fn panics_inside_calls_do_not_reach_the_previous_hook() {
+        use std::sync::atomic::AtomicUsize;
+        static PRINTED: AtomicUsize = AtomicUsize::new(0);
+        // The hook in place before the library's: it counts the panics of this test's
+        // threads that would have been printed.
+        // (Set directly: tests share the process, so the library's one-time install may
+        // already have happened.)
+        boundary::install_panic_hook();
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(boundary::silencing_hook(Box::new(move |info| {
+            if std::thread::current().name().is_some_and(|n| n.starts_with("hook-test-")) {
+                PRINTED.fetch_add(1, Ordering::SeqCst);
+            } else {
+                previous(info);
+            }
+        })));
+        let inside = std::thread::Builder::new()
+            .name("hook-test-inside".into())
+            .spawn(|| guard("test_call", || panic!("inside a call")))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(inside, Status::Panic);
+        assert_eq!(PRINTED.load(Ordering::SeqCst), 0, "a panic inside a kvt_ call reached the host's hook");
+        let outside = std::thread::Builder::new().name("hook-test-outside".into()).spawn(|| panic!("host's own")).unwrap().join();
+        assert!(outside.is_err());
+        assert_eq!(PRINTED.load(Ordering::SeqCst), 1, "a panic outside the library must reach the host's hook");
+    }
+
     #[test]
     fn every_status_has_a_string_and_round_trips() {
-        for v in 0..19 {
+        for v in 0..20 {
             let s = status_from_int(v).expect("contiguous codes");
             assert_eq!(s as c_int, v);
             let text = unsafe { CStr::from_ptr(kvt_status_str(v)) }.to_str().unwrap();
             assert_eq!(text, s.as_str());
         }
-        assert!(status_from_int(19).is_none());
+        assert!(status_from_int(20).is_none());
         assert_eq!(unsafe { CStr::from_ptr(kvt_status_str(-1)) }.to_str().unwrap(), "unknown status");
     }
 }
