@@ -741,6 +741,16 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 // ------------------------------------------------------------------------------------
 // Existence checks and the start-up probe
 
+/// The one `Path` of an object name, used by every request about that object (PUT, GET,
+/// HEAD, DELETE, on the general and the direct path): `Path::parse` keeps the name as it
+/// is, so the HTTP layer percent-encodes it exactly once (`modèle` goes out as
+/// `mod%C3%A8le`). `Path::from` would encode it first (`mod%C3%A8le` in the path, sent as
+/// `mod%25C3%25A8le`), naming another object. Layout names always parse; anything else
+/// falls back to `Path::from`.
+pub fn object_path(name: &str) -> Path {
+    Path::parse(name).unwrap_or_else(|_| Path::from(name))
+}
+
 /// Whether `path` exists, by HEAD. "Not found" is `false`; a 403 is `false` only when
 /// `missing_is_forbidden` (the principal lacks ListBucket, so S3 answers 403 for missing
 /// keys); anything else is an error.
@@ -774,7 +784,7 @@ pub enum ProbeOutcome {
 /// `NoSuchKey` for a key of a missing bucket; a listing of the probe's directory settles
 /// that.
 pub async fn probe(store: &DynStore, probe_name: &str, describe: &str) -> Result<ProbeOutcome> {
-    let path = Path::from(probe_name);
+    let path = object_path(probe_name);
     let info = info_for(store);
     let head_error = match store.head(&path).await {
         Ok(_) => return Ok(ProbeOutcome::Ready),
@@ -800,7 +810,7 @@ pub async fn probe(store: &DynStore, probe_name: &str, describe: &str) -> Result
         }
         status => return Err(probe_error(status, &text, describe, info.as_ref())),
     }
-    let directory = Path::from(probe_name.rsplit_once('/').map_or("", |(dir, _)| dir));
+    let directory = object_path(probe_name.rsplit_once('/').map_or("", |(dir, _)| dir));
     match store.list_with_delimiter(Some(&directory)).await {
         Err(e) if classify(&e) == Status::BucketNotFound => {
             Err(probe_error(Status::BucketNotFound, &error_chain(&e), describe, info.as_ref()))

@@ -932,7 +932,7 @@ async fn run_job(
         .iter()
         .map(|key| {
             let name = shared.layout.object_name(key).expect("keys are validated at submit");
-            Path::parse(&name).unwrap_or_else(|_| Path::from(name))
+            store::object_path(&name)
         })
         .collect();
     let pool = *shared.pool.get().expect("submit checks registration");
@@ -1212,10 +1212,11 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
         let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
-            let name = shared.layout.object_name(&probe.key).map_err(|_| ())?;
+            // One name for the direct HEAD, its fallback and every other request.
+            let name = store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
             if let Some(direct) = &shared.lookup_direct {
                 shared.stats.direct_requests.fetch_add(1, Ordering::Relaxed);
-                match direct.exists(&name).await {
+                match direct.exists(name.as_ref()).await {
                     Ok(found) => return Ok(found),
                     Err(e) => {
                         shared.stats.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -1223,7 +1224,7 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
                     }
                 }
             }
-            store::exists(&shared.lookup_store, &Path::from(name), missing_is_forbidden).await.map_err(|e| {
+            store::exists(&shared.lookup_store, &name, missing_is_forbidden).await.map_err(|e| {
                 shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!("existence check failed: {}", e.message);
             })

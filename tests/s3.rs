@@ -323,6 +323,46 @@ fn direct_path_carries_loads_and_lookups(srv: &Server) {
     }
 }
 
+/// A namespace vLLM builds from a model name with non-ASCII letters (`modèle`): stores,
+/// lookups and loads name the same object, on the direct path and on the general client
+/// (which every HTTPS endpoint and every direct fallback uses).
+fn non_ascii_names_hit_and_load_on_both_paths(srv: &Server) {
+    let bucket = srv.new_bucket();
+    non_ascii_round_trip(srv, &bucket, &[true, false]);
+}
+
+/// Stores, looks up and loads keys under a non-ASCII namespace with `direct_http` set to
+/// each of `directs`; the object lands under its name encoded once.
+fn non_ascii_round_trip(srv: &Server, bucket: &str, directs: &[bool]) {
+    for (run, &direct) in directs.iter().enumerate() {
+        let run = run as u64;
+        let store = with(srv.store_json(bucket), "direct_http", json!(direct));
+        let config = json!({"store": store, "prefix": "kv", "namespace": "modèle_0123456789ab_r0"}).to_string();
+        let tier = Tier::from_json(&config).unwrap_or_else(|e| panic!("tier start failed: {e}"));
+        let case = format!("{} direct_http={direct}", srv.name());
+        let mut pool = Pool::new(8, BLOCK);
+        pool.fill_random(60 + run);
+        pool.register(&tier);
+        let stored: Vec<u64> = (0..2).map(|i| 700 + run * 10 + i).collect();
+        tier.submit(JobKind::Store, 1, &[0, 1], keys(&stored)).unwrap();
+        let r = wait_all(&tier, 1).remove(&1).unwrap();
+        assert_eq!(r.status, Status::Ok, "{case}: {}", r.message);
+        let name = tier.layout().object_name(&key(stored[0])).unwrap();
+        assert!(name.starts_with("kv/modèle_0123456789ab_r0/"), "{name}");
+        assert_eq!(oob_get(&store, &name).as_deref(), Some(pool.block(0)), "{case}: object not under its name");
+        for k in &stored {
+            assert_eq!(resolve_lookup(&tier, 3, &key(*k)), LookupResult::Hit, "{case}: key {k}");
+        }
+        assert_eq!(resolve_lookup(&tier, 3, &key(799)), LookupResult::Miss, "{case}");
+        tier.submit(JobKind::Load, 2, &[4, 5], keys(&stored)).unwrap();
+        let r = wait_all(&tier, 1).remove(&2).unwrap();
+        assert_eq!(r.key_status, vec![Status::Ok; 2], "{case}: {}", r.message);
+        assert!(pool.block(4) == pool.block(0) && pool.block(5) == pool.block(1), "{case}");
+        let stats = tier.stats();
+        assert_eq!(stats.direct_fallbacks, 0, "{case}: {stats:?}");
+    }
+}
+
 on_both_servers!(
     round_trip_non_identity_slots,
     large_blocks_and_many_jobs,
@@ -336,6 +376,7 @@ on_both_servers!(
     exists_and_tier_without_list_permission,
     tier_restarts_on_the_same_bucket,
     direct_path_carries_loads_and_lookups,
+    non_ascii_names_hit_and_load_on_both_paths,
 );
 
 // ------------------------------------------------------------------------------------
@@ -371,6 +412,8 @@ fn tls_moto_with_and_without_ca_bundle() {
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert!(pool.block(7) == pool.block(0) && pool.block(6) == pool.block(1) && pool.block(5) == pool.block(2));
     drop(tier);
+    // A non-ASCII namespace over HTTPS (the general client; no direct path on TLS).
+    non_ascii_round_trip(&srv, &bucket, &[true]);
 
     // Without it: a TLS error that names the CA problem and the fix.
     let mut store = srv.store_json(&bucket);

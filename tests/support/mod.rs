@@ -548,7 +548,7 @@ pub fn oob_put(store: &Value, name: &str, bytes: Vec<u8>) {
     use object_store::ObjectStoreExt;
     block_on(async {
         let s = oob_store(store);
-        s.put(&object_store::path::Path::from(name), bytes.into()).await.unwrap();
+        s.put(&kvtier::store::object_path(name), bytes.into()).await.unwrap();
     })
 }
 
@@ -557,7 +557,7 @@ pub fn oob_get(store: &Value, name: &str) -> Option<Vec<u8>> {
     use object_store::ObjectStoreExt;
     block_on(async {
         let s = oob_store(store);
-        match s.get(&object_store::path::Path::from(name)).await {
+        match s.get(&kvtier::store::object_path(name)).await {
             Ok(r) => Some(r.bytes().await.unwrap().to_vec()),
             Err(object_store::Error::NotFound { .. }) => None,
             Err(e) => panic!("out-of-band get {name}: {e}"),
