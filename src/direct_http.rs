@@ -122,15 +122,18 @@ impl DirectHttp {
         self.round_trip(&request, &mut GetInto { dest, crc }).await?
     }
 
-    /// Whether object `name` exists, by HEAD: `Ok(true)` on 200, `Ok(false)` on 404.
-    /// Anything else is `Fallback`, so that `object_store`'s rules apply (retries, and a
-    /// 403 for a missing key when the credentials lack ListBucket).
-    pub async fn exists(&self, name: &str) -> Result<bool, DirectError> {
+    /// Whether object `name` exists, by HEAD: `Ok(true)` on 200, `Ok(false)` on 404, and
+    /// on 403 when `missing_is_forbidden` (the start-up probe found that the credentials
+    /// lack ListBucket, so the server answers 403 for a missing key: the general client
+    /// would read it the same way, so it is not asked again). Anything else is
+    /// `Fallback`, so that `object_store`'s rules apply (retries, classification).
+    pub async fn exists(&self, name: &str, missing_is_forbidden: bool) -> Result<bool, DirectError> {
         let credential = self.credential().await?;
         let request = self.request_head("HEAD", name, None, &credential, utc_now(), "UNSIGNED-PAYLOAD");
         match self.round_trip(&request, &mut Head).await? {
             200 => Ok(true),
             404 => Ok(false),
+            403 if missing_is_forbidden => Ok(false),
             other => Err(DirectError::Fallback(format!("HEAD answered {other}"))),
         }
     }

@@ -1216,7 +1216,7 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
             let name = store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
             if let Some(direct) = &shared.lookup_direct {
                 shared.stats.direct_requests.fetch_add(1, Ordering::Relaxed);
-                match direct.exists(name.as_ref()).await {
+                match direct.exists(name.as_ref(), missing_is_forbidden).await {
                     Ok(found) => return Ok(found),
                     Err(e) => {
                         shared.stats.direct_fallbacks.fetch_add(1, Ordering::Relaxed);

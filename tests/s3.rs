@@ -250,6 +250,18 @@ fn exists_and_tier_without_list_permission(srv: &Server) {
     assert_eq!(r.key_status, vec![Status::Ok, Status::PermissionDenied, Status::Ok], "{}", r.message);
     assert!(pool.block(4) == pool.block(0) && pool.block(6) == pool.block(1));
     assert!(proxy.stats().faults("forbid_404") > 0);
+
+    // Lookups: one HEAD per key. The direct HEAD's 403 means absent (the probe established
+    // that), so it is not asked again through the general client.
+    let heads = || proxy.stats().by_method.get("HEAD").copied().unwrap_or(0);
+    let (heads_before, fallbacks_before) = (heads(), tier.stats().direct_fallbacks);
+    let absent: Vec<u64> = (200..208).collect();
+    for k in &absent {
+        assert_eq!(resolve_lookup(&tier, 5, &key(*k)), LookupResult::Miss, "key {k}");
+    }
+    assert_eq!(resolve_lookup(&tier, 5, &key(1)), LookupResult::Hit);
+    assert_eq!(heads() - heads_before, absent.len() as u64 + 1, "{}: one HEAD per lookup", srv.name());
+    assert_eq!(tier.stats().direct_fallbacks, fallbacks_before, "{}: {:?}", srv.name(), tier.stats());
 }
 
 fn tier_restarts_on_the_same_bucket(srv: &Server) {
