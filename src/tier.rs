@@ -193,6 +193,9 @@ pub(crate) struct Shared {
     dedup: DedupMode,
     /// Keys known to be in the store: not uploaded again.
     known: Mutex<HashSet<Vec<u8>>>,
+    /// Keys whose objects two reads found corrupt: MISS for every lookup, and the next
+    /// store overwrites the object (no skip, no conditional PUT).
+    corrupt: Mutex<HashSet<Vec<u8>>>,
     /// Checksums of the blocks this tier uploaded, for objects that come back without
     /// their recorded checksum (rewritten by another client).
     uploaded_crc: Mutex<HashMap<Vec<u8>, u32>>,
@@ -329,6 +332,23 @@ impl Shared {
         self.known().remove(key);
     }
 
+    fn corrupt(&self) -> MutexGuard<'_, HashSet<Vec<u8>>> {
+        self.corrupt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark_corrupt(&self, key: &[u8]) {
+        self.forget(key);
+        let mut corrupt = self.corrupt();
+        if corrupt.len() >= self.config.known_keys_capacity {
+            corrupt.clear();
+        }
+        corrupt.insert(key.to_vec());
+    }
+
+    pub(crate) fn is_corrupt(&self, key: &[u8]) -> bool {
+        self.corrupt().contains(key)
+    }
+
     fn uploaded_crc(&self) -> MutexGuard<'_, HashMap<Vec<u8>, u32>> {
         self.uploaded_crc.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -344,11 +364,12 @@ impl Shared {
     /// Stores one block unless the store is known to hold it or an upload of the same key
     /// is already running, in which case the outcome of that upload is shared.
     async fn store_deduplicated(&self, key: &[u8], name: &Path, view: bytes::Bytes) -> Result<()> {
+        let repair = self.is_corrupt(key);
         if self.dedup == DedupMode::Off {
             let _permit = self.transfer_permit().await?;
-            return self.store_block(key, name, view).await;
+            return self.store_block(key, name, view, repair).await;
         }
-        if self.known().contains(key) {
+        if !repair && self.known().contains(key) {
             self.stats.dedup_known.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -371,7 +392,7 @@ impl Shared {
             return rx.await.unwrap_or_else(|_| Err(Error::new(Status::Cancelled, "the shared upload was abandoned")));
         }
         let outcome = match self.transfer_permit().await {
-            Ok(_permit) => self.store_block(key, name, view).await,
+            Ok(_permit) => self.store_block(key, name, view, repair).await,
             Err(e) => Err(e),
         };
         if outcome.is_ok() {
@@ -384,7 +405,9 @@ impl Shared {
         outcome
     }
 
-    async fn store_block(&self, key: &[u8], name: &Path, view: bytes::Bytes) -> Result<()> {
+    /// Uploads one block; `repair` overwrites whatever the store holds under the name
+    /// (an object found corrupt), also in `conditional` mode.
+    async fn store_block(&self, key: &[u8], name: &Path, view: bytes::Bytes, repair: bool) -> Result<()> {
         let crc = self.config.checksums.then(|| crc32c::crc32c(&view));
         let mut attributes = Attributes::new();
         if let (Some(crc), None) = (crc, &self.local_root) {
@@ -392,13 +415,16 @@ impl Shared {
         }
         // The in-memory store keeps the body itself: it gets a copy, never caller memory.
         let body = if self.store_keeps_payload { bytes::Bytes::copy_from_slice(&view) } else { view };
-        let mode = if self.dedup == DedupMode::Conditional { PutMode::Create } else { PutMode::Overwrite };
+        let mode = if self.dedup == DedupMode::Conditional && !repair { PutMode::Create } else { PutMode::Overwrite };
         let options = PutOptions { mode, attributes, ..Default::default() };
         // A conditional PUT cut short by a timeout or a reset is repeated here: object_store
         // repeats only PUTs it deems idempotent, and a repeat that finds the object is a 412.
         let retries = store::max_retries(&self.config.store);
         match store::put_with_retries(&self.store, name, PutPayload::from_bytes(body), options, retries).await {
             Ok(_) => {
+                if repair {
+                    self.corrupt().remove(key);
+                }
                 if let Some(crc) = crc {
                     if let Some(root) = &self.local_root {
                         set_local_checksum(&root.join(name.as_ref()), crc);
@@ -502,6 +528,7 @@ impl Tier {
             stats: Stats::default(),
             dedup,
             known: Mutex::new(HashSet::new()),
+            corrupt: Mutex::new(HashSet::new()),
             uploaded_crc: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             local_root,
@@ -1017,7 +1044,41 @@ fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
     Error::new(store::classify(e), format!("{op} {name}: {}", store::error_chain(e)))
 }
 
+/// Loads one block. A checksum mismatch is read again through the general client before
+/// anything is concluded: corruption in transit (a bad link, middlebox or NIC) reads clean
+/// the second time, and the load succeeds with the verified bytes. Only a second mismatch
+/// means the object itself is corrupt: the key turns MISS for every later lookup of this
+/// tier, its next store overwrites the object, and `fail_and_delete` deletes it.
 async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
+    let first = match load_block_once(shared, key, name, pool, block).await {
+        Err(e) if e.status == Status::Corrupt => e,
+        other => return other,
+    };
+    log::warn!("{}; reading it again to tell corruption in the store from corruption in transit", first.message);
+    match load_block_object_store(shared, key, name, pool, block).await {
+        Ok(()) => {
+            log::warn!("block {name} read clean the second time: the first read was corrupted in transit");
+            Ok(())
+        }
+        Err(second) if second.status == Status::Corrupt => {
+            shared.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
+            log::warn!("block {name} is corrupt in the store (two reads failed its checksum)");
+            shared.mark_corrupt(key);
+            if shared.config.on_corrupt == OnCorrupt::FailAndDelete {
+                if let Err(e) = shared.store.delete(name).await {
+                    log::warn!("could not delete corrupt block {name}: {e}");
+                }
+            }
+            Err(second)
+        }
+        Err(second) => Err(Error::new(
+            first.status,
+            format!("{}; reading it again failed too: {}", first.message, second.message),
+        )),
+    }
+}
+
+async fn load_block_once(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
     if let Some(direct) = &shared.direct {
         let block_bytes = pool.block_bytes();
         // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
@@ -1041,16 +1102,10 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
     load_block_object_store(shared, key, name, pool, block).await
 }
 
-async fn verify_loaded(shared: &Shared, name: &Path, expected: Option<u32>, loaded: u32) -> Result<()> {
+/// A checksum mismatch of one read: what it means is decided by [`load_block`].
+async fn verify_loaded(_shared: &Shared, name: &Path, expected: Option<u32>, loaded: u32) -> Result<()> {
     match expected {
         Some(want) if want != loaded => {
-            shared.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
-            log::warn!("block {name} is corrupt: checksum {loaded:08x}, recorded {want:08x}");
-            if shared.config.on_corrupt == OnCorrupt::FailAndDelete {
-                if let Err(e) = shared.store.delete(name).await {
-                    log::warn!("could not delete corrupt block {name}: {e}");
-                }
-            }
             Err(Error::new(
                 Status::Corrupt,
                 format!("load {name}: checksum {loaded:08x} does not match the recorded {want:08x}"),
@@ -1210,6 +1265,9 @@ async fn check_groups(shared: &Arc<Shared>, groups: Vec<ProbeGroup>) -> Vec<Answ
     let missing_is_forbidden = shared.probe == ProbeOutcome::ReadyWithoutList;
     let per_group = futures::future::join_all(groups.into_iter().map(|group| async move {
         let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
+            if shared.is_corrupt(&probe.key) {
+                return Ok(false); // the object is corrupt until this tier stores the key again
+            }
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
             // One name for the direct HEAD, its fallback and every other request.

@@ -5,10 +5,9 @@
 #[macro_use]
 mod support;
 
-use std::time::Duration;
-
 use kvtier::{JobKind, LookupResult, Status, Tier};
 use object_store::path::Path;
+use kvtier::store::object_path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
 use support::proxy::{Fault, Proxy};
@@ -80,17 +79,62 @@ fn tampered_object_fails_only_its_key(srv: &Server) {
         assert_eq!(pool.block(4), pool.block(0));
         assert_eq!(pool.block(6), pool.block(2));
         assert_eq!(tier.stats().corrupt_blocks, 1);
-        // A new request re-checks the key with the store.
+        // A new request gets MISS for the corrupt key without asking the store.
         let before = tier.stats().existence_checks;
-        assert_eq!(tier.lookup(77, &key(2)).unwrap(), LookupResult::Retry);
-        tier.schedule_end().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while tier.lookup(77, &key(2)).unwrap() == LookupResult::Retry {
-            assert!(std::time::Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        assert_eq!(tier.stats().existence_checks, before + 1);
+        assert_eq!(resolve_lookup(&tier, 77, &key(2)), LookupResult::Miss);
+        assert_eq!(resolve_lookup(&tier, 77, &key(1)), LookupResult::Hit);
+        assert_eq!(tier.stats().existence_checks, before + 1, "only key 1 was asked");
     }
+}
+
+/// Bit rot at rest under `on_corrupt: fail` (the default) in `conditional` dedup mode: the
+/// key turns MISS for the request that held a HIT and for every later request, and the
+/// next store of the key overwrites the object (neither skipped as known nor refused by
+/// If-None-Match), after which it loads and answers HIT again.
+fn corrupt_key_turns_miss_and_next_store_repairs_it(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    let tier = start(store.clone(), json!({"dedup": "conditional"}));
+    let mut pool = Pool::new(8, BLOCK);
+    pool.fill_random(12);
+    pool.register(&tier);
+    assert!(run(&tier, JobKind::Store, 1, &[0, 1], &[21, 22]).succeeded());
+    assert_eq!(resolve_lookup(&tier, 5, &key(21)), LookupResult::Hit);
+    let name = tier.layout().object_name(&key(21)).unwrap();
+    block_on(async {
+        let s = oob_store(&store);
+        let path = object_path(&name);
+        let got = s.get(&path).await.unwrap();
+        let attributes = got.attributes.clone();
+        let mut bytes = got.bytes().await.unwrap().to_vec();
+        bytes[7] ^= 0x01;
+        s.put_opts(&path, bytes.into(), object_store::PutOptions { attributes, ..Default::default() }).await.unwrap();
+    });
+    let r = run(&tier, JobKind::Load, 2, &[4, 5], &[21, 22]);
+    assert_eq!(r.key_status, vec![Status::Corrupt, Status::Ok], "{}: {}", srv.name(), r.message);
+    assert_eq!(tier.stats().corrupt_blocks, 1);
+    assert_eq!(tier.lookup(5, &key(21)).unwrap(), LookupResult::Miss, "the request that held HIT");
+    let checks = tier.stats().existence_checks;
+    for request in [6, 7] {
+        assert_eq!(resolve_lookup(&tier, request, &key(21)), LookupResult::Miss, "{}: request {request}", srv.name());
+    }
+    assert_eq!(tier.stats().existence_checks, checks, "a key known corrupt is not asked for");
+    // The next store rewrites the object.
+    let before = tier.stats();
+    assert!(run(&tier, JobKind::Store, 3, &[0], &[21]).succeeded());
+    let after = tier.stats();
+    assert_eq!((after.dedup_known, after.dedup_already_stored), (before.dedup_known, before.dedup_already_stored), "{after:?}");
+    assert_eq!(oob_get(&store, &name).as_deref(), Some(pool.block(0)), "{}: the object was not repaired", srv.name());
+    let r = run(&tier, JobKind::Load, 4, &[6], &[21]);
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert_eq!(pool.block(6), pool.block(0));
+    for request in [5, 6, 7] {
+        tier.request_finished(request); // their shared MISS verdict goes with them
+    }
+    assert_eq!(resolve_lookup(&tier, 8, &key(21)), LookupResult::Hit);
+    // Repaired: a further store is deduplicated again.
+    assert!(run(&tier, JobKind::Store, 5, &[0], &[21]).succeeded());
+    assert_eq!(tier.stats().dedup_known, after.dedup_known + 1);
 }
 
 fn fail_and_delete_removes_corrupt_object(srv: &Server) {
@@ -172,6 +216,7 @@ on_both_servers!(
     checksum_round_trips_as_metadata,
     tampered_object_fails_only_its_key,
     fail_and_delete_removes_corrupt_object,
+    corrupt_key_turns_miss_and_next_store_repairs_it,
     other_block_size_fails_by_length,
     dedup_uploads_once_across_tiers,
 );
