@@ -450,4 +450,35 @@ fn in_transit_corruption_never_deletes(srv: &Server) {
     }
 }
 
-on_both_servers!(interrupted_puts_are_retried_in_every_dedup_mode, in_transit_corruption_never_deletes);
+/// A server that ignores Range answers a load's GET with `200 OK` and the whole object:
+/// when that is the block size, the load succeeds on both paths. When the object is
+/// shorter (a `200` with half the bytes), both paths say `LengthMismatch`.
+fn server_ignoring_range(srv: &Server) {
+    let front = Front::new(srv);
+    for (run, direct) in [(0u64, true), (1, false)] {
+        let what = format!("{} direct_http={direct}", srv.name());
+        front.proxy.set_rule(|_| Fault::Pass);
+        let tier = front.tier(json!({"direct_http": direct, "max_retries": 1}), json!({}));
+        let mut pool = Pool::new(16, BLOCK);
+        pool.fill_random(400 + run);
+        pool.register(&tier);
+        let ids: Vec<u64> = (0..3).map(|i| 500 + run * 10 + i).collect();
+        tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&ids)).unwrap();
+        assert!(wait_all(&tier, 1)[&1].succeeded(), "{what}");
+        let short = tier.layout().object_name(&key(ids[2])).unwrap();
+        front.proxy.set_rule(move |r| match r.method.as_str() {
+            "GET" if r.path.ends_with(&short) => Fault::Short200,
+            "GET" => Fault::IgnoreRange,
+            _ => Fault::Pass,
+        });
+        tier.submit(JobKind::Load, 2, &[8, 9, 10], keys(&ids)).unwrap();
+        let r = wait_all(&tier, 1).remove(&2).unwrap();
+        assert_eq!(r.key_status, vec![Status::Ok, Status::Ok, Status::LengthMismatch], "{what}: {}", r.message);
+        assert_loaded_bytes(&pool, &r, &[8, 9, 10], &[0, 1, 2]);
+        assert_eq!(front.proxy.stats().faults("short_200"), run + 1, "{what}: a clean short answer is asked once");
+        let stats = tier.stats();
+        assert_eq!(stats.direct_fallbacks, 0, "{what}: {stats:?}");
+    }
+}
+
+on_both_servers!(interrupted_puts_are_retried_in_every_dedup_mode, in_transit_corruption_never_deletes, server_ignoring_range);
