@@ -1227,20 +1227,36 @@ async fn choose_dedup(store: &DynStore, layout: &KeyLayout, configured: Option<D
     if matches!(configured, Some(DedupMode::Off | DedupMode::SkipKnown)) {
         return Ok(configured.unwrap_or(DedupMode::SkipKnown));
     }
-    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    // Beside the probe key, never below it: on file-backed stores a child would turn the
-    // probe key into a directory.
-    let path = Path::from(format!("{}-conditional-put-{}-{nonce}", layout.probe_name(), std::process::id()));
+    // One fixed name per prefix, beside the probe key (never below it: on file-backed
+    // stores a child would turn the probe key into a directory), so that a start whose
+    // delete is refused leaves at most this one object behind, whoever started before.
+    let path = store::object_path(&format!("{}-conditional-put", layout.probe_name()));
     let create = || PutOptions { mode: PutMode::Create, ..Default::default() };
-    let first = store.put_opts(&path, PutPayload::from_static(b"kvtier"), create()).await;
-    let honoured = match first {
-        Ok(_) => matches!(
-            store.put_opts(&path, PutPayload::from_static(b"kvtier"), create()).await,
-            Err(object_store::Error::AlreadyExists { .. })
-        ),
-        Err(_) => false,
-    };
-    let _ = store.delete(&path).await;
+    let put = || store.put_opts(&path, PutPayload::from_static(b"kvtier"), create());
+    let already = |r: &object_store::Result<_>| matches!(r, Err(object_store::Error::AlreadyExists { .. }));
+    // A refused create proves the condition is honoured (the object is a leftover, or
+    // another tier's probe in progress). A store that ignores it answers OK twice; as
+    // another starting tier may delete the object between the two creates, that is asked
+    // up to three times before it counts.
+    let mut honoured = false;
+    for _ in 0..3 {
+        let first = put().await;
+        honoured = already(&first) || (first.is_ok() && already(&put().await));
+        if honoured || first.is_err() {
+            break;
+        }
+    }
+    if let Err(e) = store.delete(&path).await {
+        if !matches!(e, object_store::Error::NotFound { .. }) {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                log::warn!(
+                    "{describe}: cannot delete the start-up probe object {path} ({}); it stays (one object per prefix)",
+                    store::error_chain(&e)
+                )
+            });
+        }
+    }
     match (honoured, configured) {
         (true, _) => Ok(DedupMode::Conditional),
         (false, Some(DedupMode::Conditional)) => Err(Error::config(format!(

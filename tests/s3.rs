@@ -375,6 +375,38 @@ fn non_ascii_round_trip(srv: &Server, bucket: &str, directs: &[bool]) {
     }
 }
 
+/// Start-up probes where the credentials may write but not delete: every start leaves the
+/// same one probe object behind (a fixed name per prefix), and a leftover does not stop
+/// the next start from finding that the store honours If-None-Match.
+fn probe_leftovers_do_not_accumulate_when_delete_is_denied(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let proxy = Proxy::start(srv.port());
+    // object_store deletes with a bulk-delete POST (`?delete`); a plain DELETE is refused too.
+    proxy.set_rule(|r| {
+        if r.method == "DELETE" || (r.method == "POST" && r.path.contains("?delete")) {
+            Fault::Status(403)
+        } else {
+            Fault::Pass
+        }
+    });
+    let store = with(srv.store_json(&bucket), "endpoint_override", json!(proxy.endpoint()));
+    let mut probe_dir = String::new();
+    for start in 0..3 {
+        let config = tier_json(store.clone(), json!({"dedup": "conditional"}));
+        let tier = Tier::from_json(&config).unwrap_or_else(|e| panic!("{}: start {start}: {e}", srv.name()));
+        probe_dir = tier.layout().probe_name().rsplit_once('/').unwrap().0.to_string();
+    }
+    assert!(proxy.stats().faults("status") >= 3, "{}: the deletes were not refused: {:?}", srv.name(), proxy.stats());
+    let leftovers = block_on(async {
+        use futures::TryStreamExt;
+        use object_store::ObjectStore;
+        let s = oob_store(&srv.store_json(&bucket));
+        let listed: Vec<_> = s.list(Some(&Path::from(probe_dir.as_str()))).try_collect().await.unwrap();
+        listed.into_iter().map(|m| m.location.to_string()).collect::<Vec<_>>()
+    });
+    assert_eq!(leftovers.len(), 1, "{}: {leftovers:?}", srv.name());
+}
+
 on_both_servers!(
     round_trip_non_identity_slots,
     large_blocks_and_many_jobs,
@@ -389,6 +421,7 @@ on_both_servers!(
     tier_restarts_on_the_same_bucket,
     direct_path_carries_loads_and_lookups,
     non_ascii_names_hit_and_load_on_both_paths,
+    probe_leftovers_do_not_accumulate_when_delete_is_denied,
 );
 
 // ------------------------------------------------------------------------------------
