@@ -396,11 +396,14 @@ fn bench(o: &Options) -> Result<(), String> {
 }
 
 fn bench_with(o: &Options, config: &str) -> Result<(), String> {
-    let tier = Tier::from_json(config).map_err(|e| e.to_string())?;
     let n = o.blocks;
     let bs = o.block_size;
+    // The pool is declared before the tier so that it is dropped after it: on every early
+    // return below, dropping the tier shuts it down (waiting for or abandoning its jobs)
+    // while the memory those jobs write into is still allocated.
     let mut pool = vec![0u8; 2 * n * bs];
     fill(&mut pool, 0x5eed);
+    let tier = Tier::from_json(config).map_err(|e| e.to_string())?;
     unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }.map_err(|e| e.to_string())?;
     let (_, peak_rss_start) = rusage();
     let slot_of = |i: usize| -> usize { n + (i * 7919 + 13) % n };

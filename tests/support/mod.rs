@@ -464,15 +464,27 @@ pub fn with(mut value: Value, key: &str, v: Value) -> Value {
 // ------------------------------------------------------------------------------------
 // Host pool, keys, results
 
+/// A host pool. Once registered with a tier, its memory is never freed: tests declare
+/// the pool after the tier, so it is dropped first, and a test that fails with jobs in
+/// flight would otherwise drop the memory those jobs still write into.
 pub struct Pool {
     pub mem: Vec<u8>,
     pub blocks: u64,
     pub block_bytes: usize,
+    registered: bool,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.registered {
+            std::mem::forget(std::mem::take(&mut self.mem));
+        }
+    }
 }
 
 impl Pool {
     pub fn new(blocks: u64, block_bytes: usize) -> Self {
-        Pool { mem: vec![0u8; blocks as usize * block_bytes], blocks, block_bytes }
+        Pool { mem: vec![0u8; blocks as usize * block_bytes], blocks, block_bytes, registered: false }
     }
     pub fn block(&self, i: u64) -> &[u8] {
         &self.mem[i as usize * self.block_bytes..(i as usize + 1) * self.block_bytes]
@@ -484,6 +496,7 @@ impl Pool {
         fill_random(&mut self.mem, seed);
     }
     pub fn register(&mut self, tier: &Tier) {
+        self.registered = true;
         unsafe { tier.register_memory(self.mem.as_mut_ptr(), self.blocks, self.block_bytes).unwrap() }
     }
 }
