@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1118,6 +1119,36 @@ static void test_config_errors(void)
     kvt_tier_free(t);
 }
 
+/* A local store that cannot take files fails at kvt_tier_new, naming the directory,
+ * instead of failing every store job later. */
+static void test_local_unwritable(void)
+{
+    char dir[512], json[1024];
+    kvt_tier *t = (kvt_tier *)&t;
+    kvt_status s;
+
+    s = kvt_tier_new("{\"store\":{\"type\":\"local\",\"path\":\"/proc/1\"}}", &t);
+    CHECKF(s == KVT_STATUS_CONFIG || s == KVT_STATUS_PERMISSION_DENIED, "/proc/1: returned %d (%s)", (int)s,
+           kvt_status_str(s));
+    CHECKF(strstr(kvt_last_error(), "/proc/1") != NULL && strstr(kvt_last_error(), "writable") != NULL,
+           "message \"%s\"", kvt_last_error());
+    CHECK(t == NULL);
+    if (t != NULL && t != (kvt_tier *)&t) {
+        kvt_tier_free(t);
+    }
+    /* A read-only directory (permissions do not bind root, so only as another user). */
+    if (geteuid() != 0 && make_temp_dir(dir, sizeof dir)) {
+        snprintf(json, sizeof json, "{\"store\":{\"type\":\"local\",\"path\":\"%s\"}}", dir);
+        CHECK(chmod(dir, 0555) == 0);
+        t = NULL;
+        CHECK_STATUS(kvt_tier_new(json, &t), KVT_STATUS_PERMISSION_DENIED);
+        CHECK(t == NULL);
+        kvt_tier_free(t);
+        chmod(dir, 0755);
+        rm_rf(dir);
+    }
+}
+
 /* f. Duplicate in-flight job id: DUPLICATE_JOB, and only one result for that id. */
 static void test_duplicate_job(void)
 {
@@ -1841,7 +1872,7 @@ static size_t submit_burst(fixture *f, size_t jobs, uint8_t *src_keys, uint8_t *
     return accepted;
 }
 
-static void test_shutdown_in_flight(void)
+static void shutdown_in_flight(const char *extra)
 {
     const size_t jobs = g_small ? 60 : 400;
     const size_t bb = 16384;
@@ -1855,8 +1886,7 @@ static void test_shutdown_in_flight(void)
     double t0;
 
     memset(seen, 0, jobs);
-    /* One transfer at a time, so that most of the burst has not started at shutdown. */
-    if (!fixture_open(&f, "local", INFLIGHT_SOURCES + jobs / 2 + 1, bb, ",\"max_inflight_transfers\":1")) {
+    if (!fixture_open(&f, "local", INFLIGHT_SOURCES + jobs / 2 + 1, bb, extra)) {
         goto out;
     }
     if (submit_burst(&f, jobs, src_keys, new_keys, base_id) != jobs) {
@@ -1923,6 +1953,16 @@ out:
     free(src_keys);
     free(new_keys);
     fixture_close(&f);
+}
+
+/* One transfer at a time, so that most of the burst has not started at shutdown. */
+static void test_shutdown_in_flight(void) { shutdown_in_flight(",\"max_inflight_transfers\":1"); }
+
+/* No grace: transfers in progress are abandoned at once and reported CANCELLED too (not
+ * as I/O errors of their abandoned blocking tasks). */
+static void test_shutdown_in_flight_no_grace(void)
+{
+    shutdown_in_flight(",\"max_inflight_transfers\":16,\"shutdown_timeout_ms\":0,\"runtime_threads\":4");
 }
 
 static void test_free_in_flight(void)
@@ -2095,6 +2135,7 @@ static const test_case k_cases[] = {
     {"submit_bad_args", test_submit_bad_args},
     {"null_tier", test_null_tier},
     {"config_errors", test_config_errors},
+    {"local_unwritable", test_local_unwritable},
     {"duplicate_job", test_duplicate_job},
     {"state_errors", test_state_errors},
     {"after_drain", test_after_drain},
@@ -2110,6 +2151,7 @@ static const test_case k_cases[] = {
     {"last_error", test_last_error},
     {"threads", test_threads},
     {"shutdown_in_flight", test_shutdown_in_flight},
+    {"shutdown_in_flight_no_grace", test_shutdown_in_flight_no_grace},
     {"free_in_flight", test_free_in_flight},
     {"fork", test_fork},
 };

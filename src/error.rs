@@ -112,6 +112,18 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The error of a task of the tier's runtime that did not return: cancelled (the tier
+    /// shut down and abandoned it) or panicked.
+    pub fn join(what: &str, e: &tokio::task::JoinError) -> Self {
+        if e.is_cancelled() {
+            Self::new(Status::Cancelled, format!("{what}: the tier shut down before the operation finished"))
+        } else {
+            Self::new(Status::Io, format!("{what}: {e}"))
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.status.as_str(), self.message)
@@ -121,3 +133,24 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_abandoned_task_is_cancelled_not_an_io_error() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let e = runtime.block_on(async {
+            let task = tokio::spawn(std::future::pending::<()>());
+            task.abort();
+            task.await.unwrap_err()
+        });
+        let error = Error::join("load a/b.bin", &e);
+        assert_eq!(error.status, Status::Cancelled, "{error}");
+        assert!(error.message.starts_with("load a/b.bin: "), "{error}");
+        let wrapped = object_store::Error::JoinError { source: e };
+        let object_store::Error::JoinError { source } = &wrapped else { unreachable!() };
+        assert_eq!(Error::join("store x", source).status, Status::Cancelled);
+    }
+}

@@ -493,6 +493,9 @@ impl Tier {
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
         let (runtime, store) = runtime_with_store(&config.store, config.runtime_threads, "kvtier-io", config.transfer_thread_nice)?;
         let describe = describe_store(&config);
+        if let StoreConfig::Local(local) = &config.store {
+            check_local_writable(&local.path)?;
+        }
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store::probe(&store, &probe_name, &describe))?;
         let dedup = runtime.block_on(choose_dedup(&store, &layout, config.dedup, &describe))?;
@@ -909,6 +912,25 @@ impl Drop for Tier {
     }
 }
 
+/// A local store must take new files: found at start, not by the first store job.
+fn check_local_writable(root: &std::path::Path) -> Result<()> {
+    use std::io::Write;
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    // A name no object can have (object names never start with a dot).
+    let probe = root.join(format!(".kvtier-write-probe-{}-{nonce}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|mut file| file.write_all(b"kvtier"));
+    let _ = std::fs::remove_file(&probe);
+    written.map_err(|e| {
+        let denied = matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem);
+        let status = if denied { Status::PermissionDenied } else { Status::Config };
+        Error::new(status, format!("local store directory {} is not writable: {e}", root.display()))
+    })
+}
+
 fn describe_store(config: &TierConfig) -> String {
     match &config.store {
         crate::config::StoreConfig::Local(l) => format!("local directory {}", l.path.display()),
@@ -1040,6 +1062,10 @@ fn runtime_with_store(config: &StoreConfig, threads: usize, name: &str, nice: i3
 }
 
 fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
+    if let object_store::Error::JoinError { source } = e {
+        // The store's blocking task was abandoned at shutdown: the job is cancelled.
+        return Error::join(&format!("{op} {name}"), source);
+    }
     // classify maps a 416 / InvalidRange answer to LengthMismatch itself.
     Error::new(store::classify(e), format!("{op} {name}: {}", store::error_chain(e)))
 }
@@ -1139,7 +1165,7 @@ async fn load_block_object_store(shared: &Shared, key: &[u8], name: &Path, pool:
                 Ok::<_, std::io::Error>(recorded.map(|want| (want, crc32c::crc32c(slot))))
             })
             .await
-            .map_err(|e| Error::new(Status::Io, format!("load {name}: {e}")))?;
+            .map_err(|e| Error::join(&format!("load {name}"), &e))?;
             let checked = read.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     Error::new(Status::LengthMismatch, format!("load {name}: object shorter than {block_bytes} bytes"))
