@@ -225,12 +225,18 @@ fn server_killed_mid_job_then_restarted() {
     let mut pool = Pool::new(128, BLOCK);
     pool.fill_random(77);
     pool.register(&tier);
-    // Every request takes 150 ms: a 32-key job needs 8 rounds, so a kill at 400 ms lands
-    // mid-job whatever the machine's load.
+    // Every request takes 150 ms: a 32-key job needs 8 rounds of 4, so a kill once the
+    // fifth PUT has reached the proxy lands mid-job whatever the machine's load.
     rig.proxy.set_rule(|_| Fault::Delay(Duration::from_millis(150)));
     let ids: Vec<u64> = (0..32).collect();
+    let puts = || rig.proxy.stats().by_method.get("PUT").copied().unwrap_or(0);
+    let puts_before = puts();
     tier.submit(JobKind::Store, 1, &ids, keys(&ids)).unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while puts() < puts_before + 5 {
+        assert!(Instant::now() < deadline, "the store job never reached the server");
+        std::thread::sleep(Duration::from_millis(1)); // a polling interval, not a wait for the job
+    }
     rig.srv.kill();
     rig.proxy.close_connections();
     // A job submitted while the server is down fails too, per key.
