@@ -531,12 +531,12 @@ static void test_status_str(void)
         KVT_STATUS_DUPLICATE_JOB, KVT_STATUS_SHUT_DOWN,      KVT_STATUS_CANCELLED,
         KVT_STATUS_TIMEOUT,      KVT_STATUS_LENGTH_MISMATCH, KVT_STATUS_CORRUPT,
         KVT_STATUS_AUTH,         KVT_STATUS_PERMISSION_DENIED, KVT_STATUS_BUCKET_NOT_FOUND,
-        KVT_STATUS_TLS,          KVT_STATUS_FORKED,
+        KVT_STATUS_TLS,          KVT_STATUS_FORKED,          KVT_STATUS_BLOCK_BUSY,
     };
     const size_t n = sizeof codes / sizeof codes[0];
     const char *unknown = kvt_status_str(-1);
     size_t i, j;
-    CHECK(n == 20);
+    CHECK(n == 21);
     for (i = 0; i < n; i++) {
         const char *s = kvt_status_str(codes[i]);
         CHECKF(codes[i] == (int)i, "code %d at position %zu: the ABI numbers are contiguous", codes[i], i);
@@ -551,7 +551,7 @@ static void test_status_str(void)
     CHECK(strcmp(kvt_status_str(KVT_STATUS_OK), "ok") == 0);
     REQUIRE(unknown != NULL);
     CHECK(strcmp(unknown, "unknown status") == 0);
-    CHECK(strcmp(kvt_status_str(20), "unknown status") == 0);
+    CHECK(strcmp(kvt_status_str(21), "unknown status") == 0);
     CHECK(strcmp(kvt_status_str(1000000), "unknown status") == 0);
 }
 
@@ -1199,6 +1199,66 @@ static void test_duplicate_job(void)
     wait_ok(&f, both, 2, scaled_ms(5000));
 out:
     free_results(res, 4);
+    free(keys);
+    fixture_close(&f);
+}
+
+/* A job holds its blocks until its result is polled: stores may share a block, a load
+ * needs its block alone. A conflicting job is BLOCK_BUSY with its one result, whatever
+ * the timing (the holder's result has not been polled yet). */
+static void test_block_busy(void)
+{
+    static const struct {
+        uint64_t id;
+        kvt_job_kind kind;
+        uint64_t block;
+        kvt_status want;
+    } steps[] = {
+        {2, KVT_JOB_KIND_LOAD, 1, KVT_STATUS_BLOCK_BUSY},  /* block 1 is read by store 1 */
+        {3, KVT_JOB_KIND_STORE, 0, KVT_STATUS_OK},         /* stores share block 0 */
+        {4, KVT_JOB_KIND_LOAD, 2, KVT_STATUS_OK},          /* block 2 is free */
+        {5, KVT_JOB_KIND_STORE, 2, KVT_STATUS_BLOCK_BUSY}, /* block 2 is written by load 4 */
+        {6, KVT_JOB_KIND_LOAD, 2, KVT_STATUS_BLOCK_BUSY},
+        {7, KVT_JOB_KIND_LOAD, 0, KVT_STATUS_BLOCK_BUSY},  /* block 0 is read by stores 1 and 3 */
+    };
+    enum { STEPS = sizeof steps / sizeof steps[0] };
+    fixture f;
+    uint8_t *keys = make_keys(2);
+    uint64_t both[2] = {0, 1}, one;
+    owned_result res[STEPS + 1];
+    size_t got = 0, i, j;
+
+    memset(res, 0, sizeof res);
+    if (!fixture_open(&f, "memory", 4, 4096, "")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, both, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    for (i = 0; i < STEPS; i++) {
+        /* Loads bring back key 0, stored by job 1 (if it has finished; else NOT_FOUND). */
+        kvt_status s = submit_kind(f.tier, steps[i].kind, steps[i].id, &steps[i].block, keys, KEY_LEN, 1);
+        CHECKF(s == steps[i].want, "job %" PRIu64 ": returned %d (%s), want %d: %s", steps[i].id, (int)s,
+               kvt_status_str(s), (int)steps[i].want, kvt_last_error());
+        if (s == KVT_STATUS_BLOCK_BUSY) {
+            CHECKF(strstr(kvt_last_error(), "block") != NULL, "message \"%s\"", kvt_last_error());
+        }
+    }
+    got = collect(&f, STEPS + 1, scaled_ms(10000), 4, res, STEPS + 1, NULL);
+    CHECKF(got == STEPS + 1, "%zu results for %d jobs", got, STEPS + 1);
+    for (i = 0; i < got; i++) {
+        for (j = 0; j < STEPS; j++) {
+            if (res[i].job_id == steps[j].id && steps[j].want == KVT_STATUS_BLOCK_BUSY) {
+                CHECKF(res[i].status == KVT_STATUS_BLOCK_BUSY && res[i].num_keys == 1,
+                       "job %" PRIu64 ": result status %d, %zu keys", res[i].job_id, (int)res[i].status,
+                       res[i].num_keys);
+            }
+        }
+    }
+    /* Every result polled: the blocks are free again. */
+    one = 8;
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, one, both + 1, keys + KEY_LEN, KEY_LEN, 1), KVT_STATUS_OK);
+    wait_ok(&f, &one, 1, scaled_ms(10000));
+out:
+    free_results(res, got < STEPS + 1 ? got : STEPS + 1);
     free(keys);
     fixture_close(&f);
 }
@@ -2137,6 +2197,7 @@ static const test_case k_cases[] = {
     {"config_errors", test_config_errors},
     {"local_unwritable", test_local_unwritable},
     {"duplicate_job", test_duplicate_job},
+    {"block_busy", test_block_busy},
     {"state_errors", test_state_errors},
     {"after_drain", test_after_drain},
     {"drain_timeout", test_drain_timeout},

@@ -137,6 +137,9 @@ typedef enum kvt_status {
   // The tier was created by another process: this process is a fork() child of it.
   // Only `kvt_tier_free` may be called on such a tier.
   KVT_STATUS_FORKED = 19,
+  // A block of the job is held by another job whose result has not been polled yet: a
+  // load needs its block alone; store jobs may share theirs.
+  KVT_STATUS_BLOCK_BUSY = 20,
 } kvt_status;
 
 // Direction of a job.
@@ -290,6 +293,9 @@ enum kvt_status kvt_tier_register_memory(struct kvt_tier *tier,
 // * `block_ids`, `keys`: borrowed for the call only (copied).
 // * The blocks themselves are read asynchronously: the caller must not modify them until
 //   the job's result has been returned by `kvt_tier_poll`.
+// * A job holds its blocks until its result has been returned by `kvt_tier_poll`. Store
+//   jobs may share blocks; a block held by a load job is KVT_STATUS_BLOCK_BUSY (with the
+//   job's one result), so that no block is read while the library writes it.
 //
 // Never blocks. With a valid tier and a `job_id` that has no result pending, exactly one
 // result for `job_id` comes out of `kvt_tier_poll`, also when this call returns an error
@@ -309,7 +315,9 @@ enum kvt_status kvt_tier_submit_store(struct kvt_tier *tier,
 // Same arguments, ownership and result guarantees as `kvt_tier_submit_store`. The blocks
 // are written asynchronously: the caller must not read or write them until the job's
 // result has been returned by `kvt_tier_poll`; after that the library never writes them
-// again. A block id may appear only once per load job. A key whose object is missing, or
+// again. A block id may appear only once per load job, and a load job needs its blocks
+// alone: a block that another job (store or load) holds is KVT_STATUS_BLOCK_BUSY, with
+// the job's one result. A key whose object is missing, or
 // whose object length differs from the block size, fails alone; the other keys of the
 // job still load.
 enum kvt_status kvt_tier_submit_load(struct kvt_tier *tier,

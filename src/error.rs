@@ -51,6 +51,9 @@ pub enum Status {
     /// The tier was created by another process: this process is a fork() child of it.
     /// Only `kvt_tier_free` may be called on such a tier.
     Forked = 19,
+    /// A block of the job is held by another job whose result has not been polled yet: a
+    /// load needs its block alone; store jobs may share theirs.
+    BlockBusy = 20,
 }
 
 impl Status {
@@ -77,6 +80,7 @@ impl Status {
             Status::BucketNotFound => c"bucket not found",
             Status::Tls => c"TLS error",
             Status::Forked => c"tier belongs to the parent process",
+            Status::BlockBusy => c"block held by another job",
         }
     }
 

@@ -137,6 +137,64 @@ struct JobTable {
     /// Every job id submitted and not yet handed out by `poll`.
     jobs: HashMap<u64, Phase>,
     running: usize,
+    /// Blocks held by jobs whose result has not been polled: any number of store jobs
+    /// (readers), or one load job (the writer).
+    holds: HashMap<u64, BlockHold>,
+    /// The blocks each accepted job holds, released when its result is polled.
+    held_by: HashMap<u64, (JobKind, Vec<u64>)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockHold {
+    kind: JobKind,
+    /// One of the holding jobs, for messages.
+    job_id: u64,
+    jobs: usize,
+}
+
+impl JobTable {
+    /// Lets `job_id` hold `blocks`, unless a job whose result was not polled yet holds one
+    /// of them in a conflicting way (a load with anything else).
+    fn hold(&mut self, kind: JobKind, job_id: u64, blocks: &[u64]) -> Result<()> {
+        let mut distinct = blocks.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        for block in &distinct {
+            if let Some(hold) = self.holds.get(block) {
+                if hold.kind == JobKind::Load || kind == JobKind::Load {
+                    let holder = match hold.kind {
+                        JobKind::Load => "a load writing into it",
+                        JobKind::Store => "a store reading it",
+                    };
+                    return Err(Error::new(
+                        Status::BlockBusy,
+                        format!(
+                            "block {block} is held by job {} ({holder}) until that job's result is polled; a block may be read by several store jobs at once, but a load needs it alone",
+                            hold.job_id
+                        ),
+                    ));
+                }
+            }
+        }
+        for &block in &distinct {
+            self.holds.entry(block).and_modify(|h| h.jobs += 1).or_insert(BlockHold { kind, job_id, jobs: 1 });
+        }
+        self.held_by.insert(job_id, (kind, distinct));
+        Ok(())
+    }
+
+    /// Releases the blocks of a job whose result was handed out.
+    fn release(&mut self, job_id: u64) {
+        let Some((_, blocks)) = self.held_by.remove(&job_id) else { return };
+        for block in blocks {
+            if let std::collections::hash_map::Entry::Occupied(mut hold) = self.holds.entry(block) {
+                hold.get_mut().jobs -= 1;
+                if hold.get().jobs == 0 {
+                    hold.remove();
+                }
+            }
+        }
+    }
 }
 
 /// Readable exactly while results wait to be polled. Both sides change it under the job
@@ -598,7 +656,7 @@ impl Tier {
     /// will come out of [`poll`](Self::poll), also when this returns an error.
     pub fn submit(&self, kind: JobKind, job_id: u64, block_ids: &[u64], keys: KeyBatch) -> Result<()> {
         self.admit(kind, job_id, &keys)?;
-        match self.prepare(kind, block_ids, &keys) {
+        match self.prepare(kind, block_ids, &keys).and_then(|()| self.shared.table().hold(kind, job_id, block_ids)) {
             Ok(()) => self.launch(kind, job_id, block_ids.to_vec(), keys),
             Err(e) => {
                 self.fail_admitted(job_id, kind, keys, &e);
@@ -726,6 +784,7 @@ impl Tier {
             match self.results_rx.try_recv() {
                 Ok(result) => {
                     table.jobs.remove(&result.job_id);
+                    table.release(result.job_id);
                     out.push(result);
                 }
                 Err(_) => break,
@@ -1107,7 +1166,8 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
 async fn load_block_once(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
     if let Some(direct) = &shared.direct {
         let block_bytes = pool.block_bytes();
-        // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
+        // SAFETY: the block was bounds-checked at submit, and this load job holds it alone
+        // until its result is polled (JobTable::hold): no other job reads or writes it.
         let dest = unsafe { std::slice::from_raw_parts_mut(pool.block_ptr(block), block_bytes) };
         let verify = shared.config.checksums;
         shared.stats.direct_requests.fetch_add(1, Ordering::Relaxed);
@@ -1159,7 +1219,8 @@ async fn load_block_object_store(shared: &Shared, key: &[u8], name: &Path, pool:
             let read = tokio::task::spawn_blocking(move || {
                 use std::os::unix::fs::FileExt;
                 let recorded = if verify { local_checksum(&file).or(uploaded) } else { None };
-                // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
+                // SAFETY: bounds-checked at submit; this load job holds the block alone until
+                // its result is polled (JobTable::hold).
                 let slot = unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, block_bytes) };
                 file.read_exact_at(slot, 0)?;
                 Ok::<_, std::io::Error>(recorded.map(|want| (want, crc32c::crc32c(slot))))

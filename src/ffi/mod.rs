@@ -132,9 +132,10 @@ pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
 
 fn status_from_int(value: c_int) -> Option<Status> {
     use Status::*;
-    const ALL: [Status; 20] = [
+    const ALL: [Status; 21] = [
         Ok, NullArgument, InvalidArgument, Config, Connect, Io, NotFound, State, Panic, DuplicateJob, ShutDown,
         Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls, Forked,
+        BlockBusy,
     ];
     ALL.iter().copied().find(|s| *s as c_int == value)
 }
@@ -265,6 +266,9 @@ unsafe fn submit(
 /// * `block_ids`, `keys`: borrowed for the call only (copied).
 /// * The blocks themselves are read asynchronously: the caller must not modify them until
 ///   the job's result has been returned by `kvt_tier_poll`.
+/// * A job holds its blocks until its result has been returned by `kvt_tier_poll`. Store
+///   jobs may share blocks; a block held by a load job is KVT_STATUS_BLOCK_BUSY (with the
+///   job's one result), so that no block is read while the library writes it.
 ///
 /// Never blocks. With a valid tier and a `job_id` that has no result pending, exactly one
 /// result for `job_id` comes out of `kvt_tier_poll`, also when this call returns an error
@@ -289,7 +293,9 @@ pub unsafe extern "C" fn kvt_tier_submit_store(
 /// Same arguments, ownership and result guarantees as `kvt_tier_submit_store`. The blocks
 /// are written asynchronously: the caller must not read or write them until the job's
 /// result has been returned by `kvt_tier_poll`; after that the library never writes them
-/// again. A block id may appear only once per load job. A key whose object is missing, or
+/// again. A block id may appear only once per load job, and a load job needs its blocks
+/// alone: a block that another job (store or load) holds is KVT_STATUS_BLOCK_BUSY, with
+/// the job's one result. A key whose object is missing, or
 /// whose object length differs from the block size, fails alone; the other keys of the
 /// job still load.
 #[no_mangle]
@@ -708,13 +714,13 @@ mod tests {
 
     #[test]
     fn every_status_has_a_string_and_round_trips() {
-        for v in 0..20 {
+        for v in 0..21 {
             let s = status_from_int(v).expect("contiguous codes");
             assert_eq!(s as c_int, v);
             let text = unsafe { CStr::from_ptr(kvt_status_str(v)) }.to_str().unwrap();
             assert_eq!(text, s.as_str());
         }
-        assert!(status_from_int(20).is_none());
+        assert!(status_from_int(21).is_none());
         assert_eq!(unsafe { CStr::from_ptr(kvt_status_str(-1)) }.to_str().unwrap(), "unknown status");
     }
 }
