@@ -9,6 +9,8 @@
 #                        needed), pytest, NIXL (nixl-cu12, no GPU needed) and, where the
 #                        machine has none, moto_server
 #   openssl              from Debian, if missing (the TLS tests make certificates with it)
+#   radosgw, ceph-mon,   from Debian (16.2), if missing: Ceph RGW, the third S3 server of the
+#   ceph-osd             tests (scripts/ceph-rgw.sh)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -57,5 +59,10 @@ if ! command -v openssl >/dev/null 2>&1; then
     say "installing openssl"
     apt-get update -qq && apt-get install -y -qq openssl
 fi
+
+# Ceph RGW -------------------------------------------------------------------------------
+# radosgw, ceph-mon and ceph-osd (Debian's 16.2) for the third real S3 server of the tests:
+# scripts/ceph-rgw.sh runs a one-node cluster from them (memstore, loopback, no service).
+"$ROOT/scripts/ceph-rgw.sh" install
 
 say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version), vllm $VLLM_VERSION"

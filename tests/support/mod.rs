@@ -1,5 +1,5 @@
-//! Shared helpers of the S3 integration tests: real S3 servers (s3s-fs and moto_server,
-//! plain and TLS) on free loopback ports, a host pool, keys, and result collection.
+//! Shared helpers of the S3 integration tests: real S3 servers (s3s-fs, moto_server plain
+//! and TLS, and Ceph RGW) on free loopback ports, a host pool, keys, and result collection.
 //!
 //! A missing server binary fails the test with a message naming the install script; it is
 //! never a silent skip. Servers are killed when their handle drops, and also when the test
@@ -31,6 +31,20 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `scripts/ceph-rgw.sh`, which sets up and runs a one-node Ceph cluster with radosgw.
+pub fn ceph_rgw_script() -> PathBuf {
+    let script = manifest_dir().join("scripts/ceph-rgw.sh");
+    for binary in ["radosgw", "ceph-mon", "ceph-osd", "radosgw-admin"] {
+        assert!(
+            find_in_path(binary).is_some(),
+            "{binary} not found in PATH: run `{} install` or {} (the RGW tests need a real Ceph RGW and never skip)",
+            script.display(),
+            install_hint()
+        );
+    }
+    script
 }
 
 fn install_hint() -> String {
@@ -93,6 +107,69 @@ pub fn http_plain(port: u16, method: &str, path: &str) -> std::io::Result<(u16, 
     let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// One plain-HTTP request without a body, signed with SigV4 (region us-east-1), over a
+/// fresh connection; returns the status and body. For servers that check signatures on
+/// every request, such as Ceph RGW's bucket creation.
+pub fn signed_plain(port: u16, method: &str, path: &str, access_key: &str, secret_key: &str) -> std::io::Result<(u16, String)> {
+    use sha2::{Digest, Sha256};
+    fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+        let mut block = [0u8; 64];
+        if key.len() > 64 {
+            block[..32].copy_from_slice(&Sha256::digest(key));
+        } else {
+            block[..key.len()].copy_from_slice(key);
+        }
+        let inner = Sha256::new().chain_update(block.map(|b| b ^ 0x36)).chain_update(data).finalize();
+        Sha256::new().chain_update(block.map(|b| b ^ 0x5c)).chain_update(inner).finalize().into()
+    }
+    let hex = |b: &[u8]| kvtier::key::to_hex(b);
+    let datetime = {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let (days, rem) = ((secs / 86400) as i64, secs % 86400);
+        // Howard Hinnant's civil_from_days.
+        let z = days + 719468;
+        let era = z.div_euclid(146097);
+        let doe = z - era * 146097;
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let d = doy - (153 * mp + 2) / 5 + 1;
+        let m = if mp < 10 { mp + 3 } else { mp - 9 };
+        let y = yoe + era * 400 + i64::from(m <= 2);
+        format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    };
+    let date = &datetime[..8];
+    let host = format!("127.0.0.1:{port}");
+    let empty = hex(&Sha256::digest(b""));
+    let canonical = format!(
+        "{method}\n{path}\n\nhost:{host}\nx-amz-content-sha256:{empty}\nx-amz-date:{datetime}\n\nhost;x-amz-content-sha256;x-amz-date\n{empty}"
+    );
+    let scope = format!("{date}/us-east-1/s3/aws4_request");
+    let to_sign = format!("AWS4-HMAC-SHA256\n{datetime}\n{scope}\n{}", hex(&Sha256::digest(canonical.as_bytes())));
+    let mut key = hmac(format!("AWS4{secret_key}").as_bytes(), date.as_bytes());
+    for part in [&b"us-east-1"[..], b"s3", b"aws4_request"] {
+        key = hmac(&key, part);
+    }
+    let signature = hex(&hmac(&key, to_sign.as_bytes()));
+    let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nx-amz-content-sha256: {empty}\r\nx-amz-date: {datetime}\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, \
+         Signature={signature}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     let status = text
@@ -192,7 +269,12 @@ pub enum Kind {
     S3sFs,
     Moto,
     MotoTls,
+    /// Ceph RGW 16 (radosgw, beast frontend) on a one-node memstore cluster.
+    Rgw,
 }
+
+/// How long Ceph RGW may take to start (mon, OSD, radosgw and a user; 13-19 s idle).
+const RGW_READY_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// A real S3 server on a loopback port, killed on drop.
 pub struct Server {
@@ -251,25 +333,50 @@ impl Server {
         server
     }
 
+    /// A fresh one-node Ceph cluster with radosgw (`scripts/ceph-rgw.sh run`), its data in
+    /// memory, killed with the test process.
+    pub fn rgw() -> Server {
+        let server = Server {
+            kind: Kind::Rgw,
+            port: AtomicU16::new(0),
+            access_key: "kvtier-rgw-access".to_string(),
+            secret_key: "kvtier-rgw-secret-Vb71qZ".to_string(),
+            child: Mutex::new(None),
+            root: None,
+            logs: tempfile::tempdir().unwrap(),
+            tls: None,
+        };
+        server.start();
+        server
+    }
+
     /// One moto_server per test binary, shared by its tests (each uses its own bucket).
     /// Started from a thread that never exits, so PR_SET_PDEATHSIG fires only when the
     /// test process does.
     pub fn shared_moto() -> &'static Server {
         static SHARED: OnceLock<&'static Server> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::Builder::new()
-                .name("shared-moto".into())
-                .spawn(move || {
-                    let server: &'static Server = Box::leak(Box::new(Server::moto()));
-                    tx.send(server).unwrap();
-                    loop {
-                        std::thread::park();
-                    }
-                })
-                .unwrap();
-            rx.recv().expect("shared moto_server failed to start (see the panic above)")
-        })
+        SHARED.get_or_init(|| Self::leak_from_parked_thread("shared-moto", Server::moto))
+    }
+
+    /// One Ceph RGW per test binary, shared by its tests (each uses its own bucket).
+    pub fn shared_rgw() -> &'static Server {
+        static SHARED: OnceLock<&'static Server> = OnceLock::new();
+        SHARED.get_or_init(|| Self::leak_from_parked_thread("shared-rgw", Server::rgw))
+    }
+
+    fn leak_from_parked_thread(name: &str, start: fn() -> Server) -> &'static Server {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let server: &'static Server = Box::leak(Box::new(start()));
+                tx.send(server).unwrap();
+                loop {
+                    std::thread::park();
+                }
+            })
+            .unwrap();
+        rx.recv().unwrap_or_else(|_| panic!("{name} failed to start (see the panic above)"))
     }
 
     pub fn name(&self) -> &'static str {
@@ -277,6 +384,7 @@ impl Server {
             Kind::S3sFs => "s3s-fs",
             Kind::Moto => "moto",
             Kind::MotoTls => "moto-tls",
+            Kind::Rgw => "ceph-rgw",
         }
     }
 
@@ -294,7 +402,7 @@ impl Server {
 
     /// Whether the server checks request signatures (moto does not by default).
     pub fn checks_signatures(&self) -> bool {
-        self.kind == Kind::S3sFs
+        matches!(self.kind, Kind::S3sFs | Kind::Rgw)
     }
 
     pub fn root(&self) -> Option<&Path> {
@@ -305,8 +413,21 @@ impl Server {
         self.logs.path().join("server.log")
     }
 
+    /// Where `scripts/ceph-rgw.sh run` keeps the cluster (RGW only).
+    fn ceph_dir(&self) -> PathBuf {
+        self.logs.path().join("ceph")
+    }
+
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let mut text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        if self.kind == Kind::Rgw {
+            for daemon in ["mon.a", "osd.0", "client.rgw.a"] {
+                let log = std::fs::read_to_string(self.ceph_dir().join(format!("log/ceph-{daemon}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                text.push_str(&format!("\n--- {daemon} ---\n"));
+                text.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
+            }
+        }
         let start = text.len().saturating_sub(3000);
         let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
         text[start..].to_string()
@@ -328,6 +449,11 @@ impl Server {
                 if let Some(tls) = &self.tls {
                     cmd.arg("--ssl-cert").arg(&tls.cert).arg("--ssl-key").arg(&tls.key);
                 }
+            }
+            Kind::Rgw => {
+                cmd = Command::new(ceph_rgw_script());
+                cmd.arg("run").arg(self.ceph_dir()).arg(port.to_string());
+                cmd.env("RGW_ACCESS_KEY", &self.access_key).env("RGW_SECRET_KEY", &self.secret_key);
             }
         }
         cmd.stdout(log.try_clone().unwrap()).stderr(log);
@@ -358,7 +484,8 @@ impl Server {
     }
 
     fn wait_ready(&self, child: &mut Child, port: u16) -> Result<(), String> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let timeout = if self.kind == Kind::Rgw { RGW_READY_TIMEOUT } else { READY_TIMEOUT };
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return Err(format!("exited with {status} (port {port} taken?)"));
@@ -366,6 +493,8 @@ impl Server {
             let answered = match self.kind {
                 Kind::S3sFs | Kind::Moto => http_plain(port, "GET", "/").is_ok(),
                 Kind::MotoTls => https_request(port, &self.tls.as_ref().unwrap().ca, "GET", "/").is_ok(),
+                // The script writes `env` once the user exists, after radosgw answered.
+                Kind::Rgw => self.ceph_dir().join("env").is_file() && http_plain(port, "GET", "/").is_ok(),
             };
             if answered {
                 // Another process may own the port (two picks of the same free port): the
@@ -377,7 +506,7 @@ impl Server {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!("no answer on port {port} within {READY_TIMEOUT:?}"));
+                return Err(format!("no answer on port {port} within {timeout:?}"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -413,6 +542,10 @@ impl Server {
                 let (status, body) =
                     https_request(self.port(), &self.tls.as_ref().unwrap().ca, "PUT", &format!("/{name}")).unwrap();
                 assert_eq!(status, 200, "moto create bucket {name}: {body}");
+            }
+            Kind::Rgw => {
+                let (status, body) = signed_plain(self.port(), "PUT", &format!("/{name}"), &self.access_key, &self.secret_key).unwrap();
+                assert_eq!(status, 200, "RGW create bucket {name}: {body}");
             }
         }
     }
@@ -592,8 +725,8 @@ pub fn resolve_lookup(tier: &Tier, request: u64, k: &[u8]) -> kvtier::LookupResu
     }
 }
 
-/// Defines each named test body (`fn(&Server)`) as two tests: one on a fresh s3s-fs, one
-/// on the test binary's shared moto_server.
+/// Defines each named test body (`fn(&Server)`) as three tests: one on a fresh s3s-fs,
+/// one on the test binary's shared moto_server, one on its shared Ceph RGW.
 #[allow(unused_macros)]
 macro_rules! on_both_servers {
     ($($name:ident),* $(,)?) => {
@@ -602,6 +735,9 @@ macro_rules! on_both_servers {
         }
         mod moto {
             $( #[test] fn $name() { super::$name(super::Server::shared_moto()); } )*
+        }
+        mod rgw {
+            $( #[test] fn $name() { super::$name(super::Server::shared_rgw()); } )*
         }
     };
 }
