@@ -1,9 +1,11 @@
-//! Faults between kvtier and a real S3 server (s3s-fs), injected by the project's own
-//! proxy (`support::proxy`): dropped connections, delays, 500/503 answers, cut and short
-//! bodies, and the server killed mid-job and restarted.
+//! Faults between kvtier and real S3 servers (s3s-fs, moto and Ceph RGW), injected by the
+//! project's own proxy (`support::proxy`): dropped and reset connections, delays and
+//! stalls, 500/503 answers, cut, short and corrupted bodies, a server ignoring Range, and
+//! (on s3s-fs) the server killed mid-job and restarted.
 //!
 //! Every test counts: each job yields exactly one result (none lost, none twice), and no
-//! key reports success with wrong bytes. The tests at the end run on s3s-fs and on moto.
+//! key reports success with wrong bytes. Every test but the killed server runs on all three
+//! servers.
 
 #[macro_use]
 mod support;
@@ -62,9 +64,8 @@ fn assert_loaded_bytes(pool: &Pool, r: &JobResult, slots: &[u64], sources: &[u64
     }
 }
 
-#[test]
-fn one_percent_5xx_and_slowdown_all_jobs_succeed() {
-    let rig = Rig::new();
+fn one_percent_5xx_and_slowdown_all_jobs_succeed(srv: &Server) {
+    let rig = Front::new(srv);
     let pick = one_in(100, 7);
     rig.proxy.set_rule(move |r| {
         if pick(r) {
@@ -104,9 +105,8 @@ fn one_percent_5xx_and_slowdown_all_jobs_succeed() {
     assert!(stats.requests >= 256, "{stats:?}");
 }
 
-#[test]
-fn connection_resets_and_cut_bodies_are_retried() {
-    let rig = Rig::new();
+fn connection_resets_and_cut_bodies_are_retried(srv: &Server) {
+    let rig = Front::new(srv);
     let (drop_pick, cut_pick) = (one_in(40, 3), one_in(40, 11));
     rig.proxy.set_rule(move |r| {
         if drop_pick(r) {
@@ -145,9 +145,8 @@ fn connection_resets_and_cut_bodies_are_retried() {
     assert!(stats.faults("drop_request") >= 1 && stats.faults("cut_response") >= 1, "{stats:?}");
 }
 
-#[test]
-fn truncated_bodies_fail_their_key_and_never_succeed() {
-    let rig = Rig::new();
+fn truncated_bodies_fail_their_key_and_never_succeed(srv: &Server) {
+    let rig = Front::new(srv);
     let tier = rig.tier(json!({"max_retries": 2}), json!({}));
     let mut pool = Pool::new(16, BLOCK);
     pool.fill_random(9);
@@ -183,9 +182,8 @@ fn truncated_bodies_fail_their_key_and_never_succeed() {
     assert!(stats.faults("cut_response") >= 3, "a cut body is retried (1 + 2 retries): {stats:?}");
 }
 
-#[test]
-fn slow_server_times_out_without_hanging() {
-    let rig = Rig::new();
+fn slow_server_times_out_without_hanging(srv: &Server) {
+    let rig = Front::new(srv);
     let tier = rig.tier(json!({"max_retries": 1, "request_timeout_ms": 400}), json!({}));
     let mut pool = Pool::new(8, BLOCK);
     pool.fill_random(4);
@@ -284,12 +282,11 @@ fn server_killed_mid_job_then_restarted() {
     assert!(outcome.values().sum::<usize>() == 32);
 }
 
-#[test]
-fn direct_requests_fall_back_to_the_general_client() {
+fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
     // The first GET and the first HEAD of every object answer 503: that is the direct
     // path's attempt (loads and lookups try it first). Each is repeated through the
     // general client, which the proxy lets pass. A 404 is final: no second request.
-    let rig = Rig::new();
+    let rig = Front::new(srv);
     let tier = rig.tier(json!({"max_retries": 0}), json!({}));
     let mut pool = Pool::new(16, BLOCK);
     pool.fill_random(77);
@@ -487,4 +484,13 @@ fn server_ignoring_range(srv: &Server) {
     }
 }
 
-on_both_servers!(interrupted_puts_are_retried_in_every_dedup_mode, in_transit_corruption_never_deletes, server_ignoring_range);
+on_both_servers!(
+    one_percent_5xx_and_slowdown_all_jobs_succeed,
+    connection_resets_and_cut_bodies_are_retried,
+    truncated_bodies_fail_their_key_and_never_succeed,
+    slow_server_times_out_without_hanging,
+    direct_requests_fall_back_to_the_general_client,
+    interrupted_puts_are_retried_in_every_dedup_mode,
+    in_transit_corruption_never_deletes,
+    server_ignoring_range,
+);
