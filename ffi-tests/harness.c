@@ -23,6 +23,9 @@
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700 /* mkdtemp, nftw, poll, clock_gettime */
 #endif
+#ifndef _DEFAULT_SOURCE
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#endif
 
 #include "kvtier.h"
 
@@ -32,11 +35,13 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -1795,10 +1800,51 @@ static void *set_other_error(void *arg)
     return NULL;
 }
 
+/* Looks keys up, ends steps and reads counters while the submitters run. */
+typedef struct prober {
+    const fixture *f;
+    const uint8_t *keys; /* 16 stored keys */
+    volatile int stop;   /* set by the main thread once every result is in */
+    pthread_mutex_t lock;
+    size_t rounds, failures;
+} prober;
+
+static int prober_stopped(prober *p)
+{
+    int stop;
+    pthread_mutex_lock(&p->lock);
+    stop = p->stop;
+    pthread_mutex_unlock(&p->lock);
+    return stop;
+}
+
+static void *prober_main(void *arg)
+{
+    prober *p = (prober *)arg;
+    size_t k = 0;
+    while (!prober_stopped(p)) {
+        kvt_lookup_result verdict;
+        kvt_stats stats;
+        uint64_t req = 1 + k % 7;
+        p->failures += kvt_tier_lookup(p->f->tier, req, p->keys + (k % 16) * KEY_LEN, KEY_LEN, &verdict) != KVT_STATUS_OK;
+        p->failures += kvt_tier_schedule_end(p->f->tier) != KVT_STATUS_OK;
+        p->failures += kvt_tier_stats(p->f->tier, &stats, sizeof stats) != KVT_STATUS_OK;
+        (void)kvt_tier_jobs_in_flight(p->f->tier);
+        if (k % 5 == 4) {
+            p->failures += kvt_tier_request_finished(p->f->tier, req) != KVT_STATUS_OK;
+        }
+        k++;
+        p->rounds++;
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* 8 threads submit while this thread polls on the event fd and another looks keys up. */
 static void test_threads(void)
 {
-    enum { THREADS = 2 };
-    const size_t per_thread = g_small ? 60 : 300;
+    enum { THREADS = 8 };
+    const size_t per_thread = g_small ? 15 : 75;
     const size_t total = THREADS * (per_thread + 1);
     fixture f;
     submitter subs[THREADS];
@@ -1808,10 +1854,14 @@ static void test_threads(void)
     owned_result *res = NULL;
     unsigned char *seen = NULL;
     size_t i, got = 0, dup = 0, unknown = 0, failed_ok = 0, bad = 0;
-    int started = 0, other_ok = 0;
+    int started = 0, other_ok = 0, probe_started = 0;
     kvt_tier *t = NULL;
+    prober probe;
+    pthread_t probe_tid;
 
     memset(subs, 0, sizeof subs);
+    memset(&probe, 0, sizeof probe);
+    pthread_mutex_init(&probe.lock, NULL);
     /* kvt_last_error() is thread-local: another thread's failure does not replace ours. */
     CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"},\"main_marker\":1}", &t), KVT_STATUS_CONFIG);
     if (CHECK(pthread_create(&other, NULL, set_other_error, &other_ok) == 0)) {
@@ -1837,6 +1887,9 @@ static void test_threads(void)
         subs[i].base_id = 100000 * (i + 1);
         subs[i].jobs = per_thread;
     }
+    probe.f = &f;
+    probe.keys = src_keys;
+    probe_started = CHECK(pthread_create(&probe_tid, NULL, prober_main, &probe) == 0);
     for (i = 0; i < THREADS; i++) {
         if (CHECK(pthread_create(&tids[i], NULL, submitter_main, &subs[i]) == 0)) {
             started++;
@@ -1849,6 +1902,14 @@ static void test_threads(void)
         pthread_join(tids[i], NULL);
         CHECKF(subs[i].rejected == 0, "thread %zu: %zu submits rejected", i, subs[i].rejected);
         CHECKF(subs[i].own_error_ok, "thread %zu did not see its own error", i);
+    }
+    if (probe_started) {
+        pthread_mutex_lock(&probe.lock);
+        probe.stop = 1;
+        pthread_mutex_unlock(&probe.lock);
+        pthread_join(probe_tid, NULL);
+        CHECKF(probe.failures == 0, "%zu of %zu lookup/stats rounds had a failed call", probe.failures, probe.rounds);
+        printf("    %zu lookup/stats rounds alongside the submitters\n", probe.rounds);
     }
     CHECKF(got == total, "%zu results for %zu jobs", got, total);
     seen = (unsigned char *)xmalloc(THREADS * (per_thread + 1));
@@ -1891,6 +1952,7 @@ out:
     }
     free(src_keys);
     fixture_close(&f);
+    pthread_mutex_destroy(&probe.lock);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -2043,6 +2105,553 @@ static void test_free_in_flight(void)
     fixture_close(&f);
     free(src_keys);
     free(new_keys);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Counters, namespace, the pool fenced after shutdown and free                          */
+/* ------------------------------------------------------------------------------------ */
+
+/* kvt_tier_stats writes at most stats_size bytes (a canary past a short size stays). */
+static void test_stats(void)
+{
+    union {
+        kvt_stats stats;
+        unsigned char bytes[sizeof(kvt_stats) + 64];
+    } u;
+    fixture f;
+    uint8_t *keys = make_keys(2);
+    uint64_t src[2] = {0, 1}, dst[2] = {2, 3}, id;
+    size_t i, sizes[] = {0, 1, 8, sizeof(kvt_stats) - 1}, k;
+
+    if (!fixture_open(&f, "memory", 4, 4096, "")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_stats(f.tier, NULL, sizeof u.stats), KVT_STATUS_NULL_ARGUMENT);
+    for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        memset(u.bytes, 0xab, sizeof u.bytes);
+        CHECK_STATUS(kvt_tier_stats(f.tier, &u.stats, sizes[k]), KVT_STATUS_OK);
+        for (i = 0; i < sizes[k]; i++) {
+            CHECKF(u.bytes[i] == 0, "stats_size %zu: byte %zu is %d (all counters are 0)", sizes[k], i, u.bytes[i]);
+        }
+        for (i = sizes[k]; i < sizeof u.bytes; i++) {
+            if (!CHECKF(u.bytes[i] == 0xab, "stats_size %zu: byte %zu past it was written", sizes[k], i)) {
+                break;
+            }
+        }
+    }
+    id = 1;
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, id, src, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    wait_ok(&f, &id, 1, scaled_ms(5000));
+    id = 2;
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, id, dst, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    wait_ok(&f, &id, 1, scaled_ms(5000));
+    memset(u.bytes, 0xab, sizeof u.bytes);
+    /* A larger stats_size (a newer header) gets this library's counters only. */
+    CHECK_STATUS(kvt_tier_stats(f.tier, &u.stats, sizeof u.bytes), KVT_STATUS_OK);
+    CHECK(u.stats.keys_stored == 2 && u.stats.keys_loaded == 2);
+    CHECK(u.stats.bytes_stored == 2 * 4096 && u.stats.bytes_loaded == 2 * 4096);
+    CHECK(u.stats.keys_failed == 0 && u.stats.corrupt_blocks == 0);
+    for (i = sizeof u.stats; i < sizeof u.bytes; i++) {
+        if (!CHECKF(u.bytes[i] == 0xab, "byte %zu past kvt_stats was written", i)) {
+            break;
+        }
+    }
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
+/* kvt_vllm_namespace: the size query, exact fits, NULLs and bad field sets. */
+static void test_vllm_namespace(void)
+{
+    const char *fields = "{\"model_name\":\"org/model-1\",\"tokens_per_hash\":16,\"tp_size\":2}";
+    char buf[128];
+    size_t len = 0, needed, i;
+    kvt_status s;
+
+    CHECK_STATUS(kvt_vllm_namespace(fields, 3, NULL, 0, &len), KVT_STATUS_INVALID_ARGUMENT);
+    needed = len;
+    REQUIRE(needed > 0 && needed < sizeof buf - 1);
+    memset(buf, 'x', sizeof buf);
+    CHECK_STATUS(kvt_vllm_namespace(fields, 3, buf, needed, &len), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK(len == needed);
+    CHECK(buf[0] == 'x'); /* nothing written when it does not fit */
+    memset(buf, 'x', sizeof buf);
+    CHECK_STATUS(kvt_vllm_namespace(fields, 3, buf, needed + 1, &len), KVT_STATUS_OK);
+    CHECK(len == needed && buf[needed] == '\0' && strlen(buf) == needed);
+    CHECK(buf[needed + 1] == 'x');
+    CHECKF(strncmp(buf, "org_model-1_", 12) == 0 && strcmp(buf + needed - 3, "_r3") == 0, "namespace \"%s\"", buf);
+    for (i = 12; i < 24 && i < needed; i++) {
+        CHECKF(strchr("0123456789abcdef", buf[i]) != NULL, "namespace \"%s\": digest character %zu", buf, i);
+    }
+    CHECK_STATUS(kvt_vllm_namespace(NULL, 0, buf, sizeof buf, &len), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_vllm_namespace(fields, 0, buf, sizeof buf, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_vllm_namespace(fields, 0, NULL, 8, &len), KVT_STATUS_NULL_ARGUMENT);
+    s = kvt_vllm_namespace("{not json", 0, buf, sizeof buf, &len);
+    CHECKF(s == KVT_STATUS_INVALID_ARGUMENT, "not JSON: %d", (int)s);
+    s = kvt_vllm_namespace("{\"tp_size\":1}", 0, buf, sizeof buf, &len);
+    CHECKF(s == KVT_STATUS_INVALID_ARGUMENT && strstr(kvt_last_error(), "model_name") != NULL, "no model_name: %d %s",
+           (int)s, kvt_last_error());
+    s = kvt_vllm_namespace("[\"model_name\"]", 0, buf, sizeof buf, &len);
+    CHECKF(s == KVT_STATUS_INVALID_ARGUMENT, "an array: %d", (int)s);
+    s = kvt_vllm_namespace("{\"model_name\":\"\xff\"}", 0, buf, sizeof buf, &len);
+    CHECKF(s == KVT_STATUS_INVALID_ARGUMENT, "not UTF-8: %d", (int)s);
+}
+
+/* After kvt_tier_shutdown returns, the library does not touch the pool: it is made
+ * inaccessible (any access would fault) while the results, events and counters are
+ * collected; after kvt_tier_free, while another tier runs. */
+static void test_pool_fenced(void)
+{
+    enum { SOURCES = 32, JOBS = 64 };
+    const size_t bb = 16384, nb = SOURCES + JOBS;
+    uint8_t *keys = make_keys(SOURCES + JOBS);
+    uint64_t ids[SOURCES], setup = 1;
+    int pass;
+
+    for (pass = 0; pass < 2; pass++) {
+        fixture f;
+        size_t i, got, ok = 0, cancelled = 0;
+        owned_result *res = (owned_result *)xmalloc((JOBS + 1) * sizeof(owned_result));
+        uint8_t *pool = (uint8_t *)mmap(NULL, nb * bb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        got = 0;
+        if (!CHECK(pool != MAP_FAILED)) {
+            free(res);
+            break;
+        }
+        rng_fill(pool, nb * bb);
+        if (!fixture_open(&f, "local", 0, 0, ",\"max_inflight_transfers\":2")) {
+            goto next;
+        }
+        f.num_blocks = nb;
+        f.block_bytes = bb;
+        CHECK_STATUS(kvt_tier_register_memory(f.tier, pool, nb, bb), KVT_STATUS_OK);
+        for (i = 0; i < SOURCES; i++) {
+            ids[i] = i;
+        }
+        CHECK_STATUS(kvt_tier_submit_store(f.tier, setup, ids, keys, KEY_LEN, SOURCES), KVT_STATUS_OK);
+        if (!wait_ok(&f, &setup, 1, scaled_ms(10000))) {
+            goto next;
+        }
+        for (i = 0; i < JOBS; i++) {
+            uint64_t b = i % 2 ? SOURCES + i : i % SOURCES;
+            const uint8_t *k = i % 2 ? keys + (i % SOURCES) * KEY_LEN : keys + (SOURCES + i) * KEY_LEN;
+            CHECK_STATUS(submit_kind(f.tier, i % 2 ? KVT_JOB_KIND_LOAD : KVT_JOB_KIND_STORE, 100 + i, &b, k, KEY_LEN, 1),
+                         KVT_STATUS_OK);
+        }
+        if (pass == 0) {
+            kvt_stats stats;
+            kvt_event events[4];
+            size_t ne = 0;
+            CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+            CHECK(mprotect(pool, nb * bb, PROT_NONE) == 0);
+            got = collect(&f, JOBS, scaled_ms(5000), 8, res, JOBS, NULL);
+            CHECKF(got == JOBS, "%zu results for %d jobs", got, JOBS);
+            for (i = 0; i < got; i++) {
+                ok += res[i].status == KVT_STATUS_OK;
+                cancelled += res[i].status == KVT_STATUS_CANCELLED;
+            }
+            CHECKF(ok + cancelled == got, "%zu OK, %zu CANCELLED of %zu", ok, cancelled, got);
+            CHECK_STATUS(kvt_tier_stats(f.tier, &stats, sizeof stats), KVT_STATUS_OK);
+            CHECK_STATUS(kvt_tier_take_events(f.tier, events, 4, &ne), KVT_STATUS_OK);
+            kvt_tier_free(f.tier);
+            f.tier = NULL;
+        } else {
+            kvt_tier_free(f.tier); /* results never polled */
+            f.tier = NULL;
+            CHECK(mprotect(pool, nb * bb, PROT_NONE) == 0);
+            /* Another tier runs a round trip while the freed tier's pool is fenced. */
+            {
+                fixture g;
+                uint64_t id = 1, zero = 0, one = 1;
+                if (fixture_open(&g, "memory", 2, bb, "")) {
+                    CHECK_STATUS(kvt_tier_submit_store(g.tier, id, &zero, keys, KEY_LEN, 1), KVT_STATUS_OK);
+                    wait_ok(&g, &id, 1, scaled_ms(5000));
+                    id = 2;
+                    CHECK_STATUS(kvt_tier_submit_load(g.tier, id, &one, keys, KEY_LEN, 1), KVT_STATUS_OK);
+                    wait_ok(&g, &id, 1, scaled_ms(5000));
+                }
+                fixture_close(&g);
+            }
+        }
+    next:
+        fixture_close(&f); /* f.pool is NULL: the mapping is this test's */
+        munmap(pool, nb * bb);
+        free_results(res, got);
+        free(res);
+    }
+    free(keys);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Random call sequences: a property test of the whole job API against a model           */
+/* ------------------------------------------------------------------------------------ */
+
+enum { SEQ_BLOCKS = 24, SEQ_BB = 512, SEQ_GUARD = 4096, SEQ_MAXK = 4, SEQ_KEYS = 512, SEQ_MAXJOBS = 1024 };
+
+typedef struct seq_key {
+    uint8_t key[KEY_LEN];
+    int state;              /* 0 unused, 1 store pending, 2 stored (content below), 3 never stored */
+    uint8_t content[SEQ_BB];
+} seq_key;
+
+typedef struct seq_job {
+    uint64_t id;
+    int load;
+    kvt_status want;        /* the submit's status */
+    int accepted;           /* holds its blocks until its result is polled */
+    size_t nkeys;
+    uint64_t blocks[SEQ_MAXK];
+    int keys[SEQ_MAXK];     /* indices into the key table, -1 for none */
+    int results;
+} seq_job;
+
+typedef struct seq_model {
+    seq_key *keys;
+    size_t nkeys;
+    seq_job *jobs;
+    size_t njobs;
+    int readers[SEQ_BLOCKS], writer[SEQ_BLOCKS];
+    int known[SEQ_BLOCKS];              /* expected[] holds the block's bytes */
+    uint8_t expected[SEQ_BLOCKS][SEQ_BB];
+    uint8_t *mem, *pool;                /* mem = guard + pool + guard */
+    size_t bad;
+    size_t stores, loads, busy, rejected, duplicates, loaded_keys_checked, absent_keys;
+} seq_model;
+
+static int seq_fresh_key(seq_model *m, int state)
+{
+    int k;
+    if (m->nkeys >= SEQ_KEYS) {
+        return -1;
+    }
+    k = (int)m->nkeys++;
+    make_key(m->keys[k].key, (uint32_t)(k % 4));
+    m->keys[k].state = state;
+    return k;
+}
+
+static seq_job *seq_find(seq_model *m, uint64_t id)
+{
+    size_t i;
+    for (i = 0; i < m->njobs; i++) {
+        if (m->jobs[i].id == id && m->jobs[i].want != KVT_STATUS_DUPLICATE_JOB) {
+            return &m->jobs[i];
+        }
+    }
+    return NULL;
+}
+
+/* Checks one result against the model and releases the job's blocks. */
+static void seq_result(seq_model *m, const kvt_result *r)
+{
+    seq_job *j = seq_find(m, r->job_id);
+    size_t i;
+    check_result_invariants(r, SEQ_BB);
+    if (!CHECKF(j != NULL, "result for unknown job %" PRIu64, r->job_id)) {
+        m->bad++;
+        return;
+    }
+    if (!CHECKF(j->results++ == 0, "job %" PRIu64 " reported twice", j->id)) {
+        m->bad++;
+        return;
+    }
+    if (!j->accepted) {
+        m->bad += !CHECKF(r->status == j->want, "job %" PRIu64 ": rejected with %d, result %d", j->id, (int)j->want,
+                          (int)r->status);
+        return;
+    }
+    m->bad += !CHECKF(r->num_keys == j->nkeys, "job %" PRIu64 ": %zu keys", j->id, r->num_keys);
+    for (i = 0; i < j->nkeys && i < r->num_keys; i++) {
+        uint64_t b = j->blocks[i];
+        seq_key *k = &m->keys[j->keys[i]];
+        if (!j->load) {
+            m->bad += !CHECKF(r->key_status[i] == KVT_STATUS_OK, "store %" PRIu64 " key %zu: %d", j->id, i,
+                              (int)r->key_status[i]);
+            k->state = r->key_status[i] == KVT_STATUS_OK ? 2 : 3;
+        } else if (k->state == 2) {
+            m->bad += !CHECKF(r->key_status[i] == KVT_STATUS_OK, "load %" PRIu64 " key %zu: %d", j->id, i,
+                              (int)r->key_status[i]);
+            m->bad += !CHECKF(memcmp(m->pool + b * SEQ_BB, k->content, SEQ_BB) == 0,
+                              "load %" PRIu64 ": block %" PRIu64 " does not hold key %d's bytes", j->id, b, j->keys[i]);
+            memcpy(m->expected[b], k->content, SEQ_BB);
+            m->known[b] = 1;
+            m->loaded_keys_checked++;
+        } else {
+            m->bad += !CHECKF(r->key_status[i] == KVT_STATUS_NOT_FOUND, "load %" PRIu64 " of an absent key: %d",
+                              j->id, (int)r->key_status[i]);
+            m->known[b] = 0; /* a failed key's block content is unspecified */
+            m->absent_keys++;
+        }
+    }
+    /* Release the holds (stores may name a block twice: count each block once). */
+    for (i = 0; i < j->nkeys; i++) {
+        size_t e;
+        int first = 1;
+        for (e = 0; e < i; e++) {
+            first &= j->blocks[e] != j->blocks[i];
+        }
+        if (!first) {
+            continue;
+        }
+        if (j->load) {
+            m->writer[j->blocks[i]] = 0;
+        } else {
+            m->readers[j->blocks[i]]--;
+        }
+    }
+}
+
+/* Blocks no load holds have their expected bytes; the guards are intact. */
+static void seq_check_memory(seq_model *m)
+{
+    size_t b, i;
+    for (b = 0; b < SEQ_BLOCKS; b++) {
+        if (!m->writer[b] && m->known[b]) {
+            m->bad += !CHECKF(memcmp(m->pool + b * SEQ_BB, m->expected[b], SEQ_BB) == 0,
+                              "block %zu changed although no load held it", b);
+        }
+    }
+    for (i = 0; i < SEQ_GUARD; i++) {
+        if (m->mem[i] != 0xa5 || m->mem[SEQ_GUARD + SEQ_BLOCKS * SEQ_BB + i] != 0x5a) {
+            m->bad += !CHECKF(0, "guard byte %zu around the pool changed", i);
+            break;
+        }
+    }
+}
+
+static void seq_poll(seq_model *m, kvt_tier *t, size_t capacity)
+{
+    kvt_result buf[8];
+    size_t n = 99, i;
+    m->bad += !CHECK_STATUS(kvt_tier_poll(t, capacity ? buf : NULL, capacity, &n), KVT_STATUS_OK);
+    m->bad += !CHECK(n <= capacity);
+    for (i = 0; i < n && i < capacity; i++) {
+        seq_result(m, &buf[i]);
+    }
+    seq_check_memory(m);
+}
+
+static void seq_submit(seq_model *m, kvt_tier *t, uint64_t *next_id)
+{
+    seq_job *j = &m->jobs[m->njobs];
+    uint8_t keybuf[SEQ_MAXK * KEY_LEN];
+    uint64_t blocks[SEQ_MAXK];
+    size_t i, key_len = KEY_LEN, n;
+    const uint8_t *keys = keybuf;
+    const uint64_t *ids = blocks;
+    int variant = (int)(rng_next() % 32);
+    kvt_status got;
+
+    memset(j, 0, sizeof *j);
+    j->load = (int)(rng_next() % 2);
+    j->nkeys = n = 1 + (size_t)(rng_next() % SEQ_MAXK);
+    j->id = (*next_id)++;
+    j->want = KVT_STATUS_OK;
+    for (i = 0; i < n; i++) {
+        j->keys[i] = -1;
+    }
+    if (variant == 0 && m->njobs > 0) { /* an id whose result is pending */
+        size_t back = (size_t)(rng_next() % m->njobs);
+        seq_job *old = &m->jobs[back];
+        if (old->want != KVT_STATUS_DUPLICATE_JOB && old->results == 0) {
+            j->id = old->id;
+            (*next_id)--;
+            j->want = KVT_STATUS_DUPLICATE_JOB;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        int k;
+        blocks[i] = rng_next() % SEQ_BLOCKS;
+        if (j->load) {
+            /* mostly a stored key, else one never stored */
+            size_t tries;
+            int want_state = rng_next() % 4 == 0 ? 3 : 2;
+            k = -1;
+            for (tries = 0; tries < 32 && m->nkeys > 0; tries++) {
+                int c = (int)(rng_next() % m->nkeys);
+                if (m->keys[c].state == want_state) {
+                    k = c;
+                    break;
+                }
+            }
+            if (k < 0) {
+                k = seq_fresh_key(m, 3);
+            }
+        } else {
+            k = j->want == KVT_STATUS_DUPLICATE_JOB ? -1 : seq_fresh_key(m, 1);
+        }
+        if (k < 0) {
+            make_key(keybuf + i * KEY_LEN, 0);
+        } else {
+            memcpy(keybuf + i * KEY_LEN, m->keys[k].key, KEY_LEN);
+        }
+        j->keys[i] = k;
+    }
+    if (j->load) { /* distinct blocks, unless the variant below wants a repeat */
+        for (i = 0; i < n; i++) {
+            blocks[i] = (blocks[0] + i * 5) % SEQ_BLOCKS;
+        }
+    }
+    memcpy(j->blocks, blocks, sizeof blocks);
+    if (j->want != KVT_STATUS_DUPLICATE_JOB) {
+        switch (variant) {
+        case 1: keys = NULL; j->want = KVT_STATUS_NULL_ARGUMENT; break;
+        case 2: ids = NULL; j->want = KVT_STATUS_NULL_ARGUMENT; break;
+        case 3: key_len = KEY_LEN - 1; j->want = KVT_STATUS_INVALID_ARGUMENT; break;
+        case 4: key_len = SIZE_MAX - (size_t)(rng_next() % 64); j->want = KVT_STATUS_INVALID_ARGUMENT; break;
+        case 5: blocks[n - 1] = SEQ_BLOCKS + rng_next() % 3; j->want = KVT_STATUS_INVALID_ARGUMENT; break;
+        case 6: n = 0; j->want = KVT_STATUS_INVALID_ARGUMENT; break;
+        case 7:
+            if (j->load && n > 1) {
+                blocks[1] = blocks[0];
+                j->want = KVT_STATUS_INVALID_ARGUMENT;
+            }
+            break;
+        default: break;
+        }
+    }
+    if (j->want == KVT_STATUS_OK) { /* holds: a load needs its blocks alone */
+        for (i = 0; i < n; i++) {
+            uint64_t b = blocks[i];
+            if (m->writer[b] || (j->load && m->readers[b] > 0)) {
+                j->want = KVT_STATUS_BLOCK_BUSY;
+            }
+        }
+    }
+    if (j->want != KVT_STATUS_OK && j->want != KVT_STATUS_DUPLICATE_JOB) {
+        for (i = 0; i < j->nkeys; i++) { /* the job's fresh keys are never stored */
+            if (j->keys[i] >= 0 && m->keys[j->keys[i]].state == 1) {
+                m->keys[j->keys[i]].state = 3;
+            }
+        }
+    }
+    got = submit_kind(t, j->load ? KVT_JOB_KIND_LOAD : KVT_JOB_KIND_STORE, j->id, ids, keys, key_len, n);
+    m->bad += !CHECKF(got == j->want, "job %" PRIu64 " (%s, %zu keys, variant %d): returned %d (%s), want %d (%s): %s",
+                      j->id, j->load ? "load" : "store", n, variant, (int)got, kvt_status_str(got), (int)j->want,
+                      kvt_status_str(j->want), kvt_last_error());
+    if (got != j->want) {
+        j->want = got; /* follow the library, to keep checking the rest */
+    }
+    j->nkeys = n;
+    j->accepted = j->want == KVT_STATUS_OK;
+    m->stores += j->accepted && !j->load;
+    m->loads += j->accepted && j->load;
+    m->busy += j->want == KVT_STATUS_BLOCK_BUSY;
+    m->duplicates += j->want == KVT_STATUS_DUPLICATE_JOB;
+    m->rejected += !j->accepted && j->want != KVT_STATUS_BLOCK_BUSY && j->want != KVT_STATUS_DUPLICATE_JOB;
+    if (j->accepted) {
+        for (i = 0; i < n; i++) {
+            uint64_t b = blocks[i];
+            size_t e;
+            int first = 1;
+            for (e = 0; e < i; e++) {
+                first &= blocks[e] != b;
+            }
+            if (j->load) {
+                m->writer[b] = 1;
+            } else {
+                /* the key's bytes are the block's now: no load may write it meanwhile */
+                memcpy(m->keys[j->keys[i]].content, m->pool + b * SEQ_BB, SEQ_BB);
+                if (first) {
+                    m->readers[b]++;
+                }
+            }
+        }
+    }
+    m->njobs++;
+}
+
+static void test_random_sequences(void)
+{
+    const int sequences = g_small ? 4 : 24, steps = g_small ? 80 : 250;
+    int seq;
+    seq_model m;
+
+    memset(&m, 0, sizeof m);
+    m.keys = (seq_key *)xmalloc(SEQ_KEYS * sizeof(seq_key));
+    m.jobs = (seq_job *)xmalloc(SEQ_MAXJOBS * sizeof(seq_job));
+    m.mem = (uint8_t *)xmalloc(2 * SEQ_GUARD + SEQ_BLOCKS * SEQ_BB);
+    for (seq = 0; seq < sequences && m.bad == 0; seq++) {
+        kvt_tier *t = NULL;
+        uint64_t next_id = 1;
+        int step;
+        size_t i, lost = 0;
+        m.nkeys = m.njobs = 0;
+        memset(m.readers, 0, sizeof m.readers);
+        memset(m.writer, 0, sizeof m.writer);
+        memset(m.mem, 0xa5, SEQ_GUARD);
+        memset(m.mem + SEQ_GUARD + SEQ_BLOCKS * SEQ_BB, 0x5a, SEQ_GUARD);
+        m.pool = m.mem + SEQ_GUARD;
+        rng_fill(m.pool, SEQ_BLOCKS * SEQ_BB);
+        for (i = 0; i < SEQ_BLOCKS; i++) {
+            memcpy(m.expected[i], m.pool + i * SEQ_BB, SEQ_BB);
+            m.known[i] = 1;
+        }
+        if (!CHECK_STATUS(kvt_tier_new("{\"store\":{\"type\":\"memory\"},\"max_inflight_transfers\":3}", &t),
+                          KVT_STATUS_OK)) {
+            break;
+        }
+        CHECK_STATUS(kvt_tier_register_memory(t, m.pool, SEQ_BLOCKS, SEQ_BB), KVT_STATUS_OK);
+        for (step = 0; step < steps && m.njobs < SEQ_MAXJOBS && m.nkeys + SEQ_MAXK < SEQ_KEYS; step++) {
+            int op = (int)(rng_next() % 10);
+            if (op < 4) {
+                seq_submit(&m, t, &next_id);
+            } else if (op < 8) {
+                seq_poll(&m, t, (size_t)(rng_next() % 6));
+            } else if (op == 8) {
+                kvt_lookup_result verdict;
+                int k = m.nkeys ? (int)(rng_next() % m.nkeys) : -1;
+                if (k >= 0) {
+                    m.bad += !CHECK_STATUS(kvt_tier_lookup(t, rng_next() % 4, m.keys[k].key, KEY_LEN, &verdict),
+                                           KVT_STATUS_OK);
+                }
+                m.bad += !CHECK_STATUS(kvt_tier_schedule_end(t), KVT_STATUS_OK);
+                if (rng_next() % 3 == 0) {
+                    m.bad += !CHECK_STATUS(kvt_tier_request_finished(t, rng_next() % 4), KVT_STATUS_OK);
+                }
+            } else {
+                kvt_status d = kvt_tier_drain(t, 0);
+                kvt_stats stats;
+                m.bad += !CHECKF(d == KVT_STATUS_OK || d == KVT_STATUS_TIMEOUT, "drain(0): %d", (int)d);
+                m.bad += !CHECK_STATUS(kvt_tier_stats(t, &stats, sizeof stats), KVT_STATUS_OK);
+            }
+        }
+        m.bad += !CHECK_STATUS(kvt_tier_drain(t, (uint64_t)scaled_ms(10000)), KVT_STATUS_OK);
+        seq_poll(&m, t, 8);
+        for (i = 0; i < 2 * SEQ_MAXJOBS; i++) {
+            size_t before = 0, j;
+            for (j = 0; j < m.njobs; j++) {
+                before += (size_t)m.jobs[j].results;
+            }
+            seq_poll(&m, t, 8);
+            for (j = 0; j < m.njobs; j++) {
+                before -= (size_t)m.jobs[j].results;
+            }
+            if (before == 0) {
+                break; /* nothing more came */
+            }
+        }
+        for (i = 0; i < m.njobs; i++) {
+            const seq_job *j = &m.jobs[i];
+            if (j->want == KVT_STATUS_DUPLICATE_JOB) {
+                continue;
+            }
+            lost += j->results != 1;
+        }
+        m.bad += !CHECKF(lost == 0, "sequence %d: %zu jobs without exactly one result", seq, lost);
+        kvt_tier_free(t);
+        seq_check_memory(&m);
+    }
+    printf("    %d sequences: %zu stores, %zu loads (%zu keys checked byte for byte, %zu absent), %zu BLOCK_BUSY,"
+           " %zu other rejections, %zu duplicate ids\n",
+           seq, m.stores, m.loads, m.loaded_keys_checked, m.absent_keys, m.busy, m.rejected, m.duplicates);
+    if (m.bad > 0) {
+        printf("    (KVT_HARNESS_SEED=%" PRIu64 " reproduces the failing sequence)\n", g_seed);
+    }
+    free(m.mem);
+    free(m.jobs);
+    free(m.keys);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -2215,6 +2824,10 @@ static const test_case k_cases[] = {
     {"shutdown_in_flight_no_grace", test_shutdown_in_flight_no_grace},
     {"free_in_flight", test_free_in_flight},
     {"fork", test_fork},
+    {"stats", test_stats},
+    {"vllm_namespace", test_vllm_namespace},
+    {"pool_fenced", test_pool_fenced},
+    {"random_sequences", test_random_sequences},
 };
 
 static int in_list(const char *list, const char *name)
