@@ -8,14 +8,26 @@ use kvtier::{JobKind, JobResult, KeyBatch, Status, Tier};
 
 const BLOCK: usize = 16 * 1024;
 
+/// A host pool. Once registered, its memory is never freed: the tests declare it after
+/// the tier, so it is dropped first, and a test failing with jobs in flight would
+/// otherwise free memory those jobs still write into.
 struct Pool {
     mem: Vec<u8>,
     blocks: u64,
+    registered: bool,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.registered {
+            std::mem::forget(std::mem::take(&mut self.mem));
+        }
+    }
 }
 
 impl Pool {
     fn new(blocks: u64) -> Self {
-        Pool { mem: vec![0u8; blocks as usize * BLOCK], blocks }
+        Pool { mem: vec![0u8; blocks as usize * BLOCK], blocks, registered: false }
     }
     fn block(&self, i: u64) -> &[u8] {
         &self.mem[i as usize * BLOCK..(i as usize + 1) * BLOCK]
@@ -30,6 +42,7 @@ impl Pool {
         }
     }
     fn register(&mut self, tier: &Tier) {
+        self.registered = true;
         unsafe { tier.register_memory(self.mem.as_mut_ptr(), self.blocks, BLOCK).unwrap() }
     }
 }
