@@ -494,3 +494,201 @@ on_both_servers!(
     in_transit_corruption_never_deletes,
     server_ignoring_range,
 );
+
+// ------------------------------------------------------------------------------------
+// The fault matrix
+
+/// One cell of the fault matrix: what happened to its jobs.
+#[derive(Default)]
+struct Cell {
+    jobs: u64,
+    /// A job (or lookup) reported OK with wrong bytes, or HIT for an absent key.
+    wrong: u64,
+    lost: u64,
+    duplicated: u64,
+    /// Jobs that succeeded (lookups: answered correctly) despite the fault.
+    recovered: u64,
+}
+
+/// Half of the requests with `method` to block objects (a hash of the request number) get
+/// `fault`; the rest pass.
+fn half_of(method: &'static str, fault: Fault, salt: u64) -> impl Fn(&RequestInfo) -> Fault {
+    let pick = one_in(2, salt);
+    move |r: &RequestInfo| if r.method == method && r.path.contains(".bin") && pick(r) { fault } else { Fault::Pass }
+}
+
+/// Every result of `n` jobs numbered `first..first + n`: lost and duplicated ones counted.
+fn collect(tier: &Tier, first: u64, n: u64, cell: &mut Cell) -> HashMap<u64, JobResult> {
+    tier.drain(Duration::from_secs(300)).expect("jobs did not finish within 300 s");
+    let mut seen = HashMap::new();
+    for r in tier.poll(usize::MAX) {
+        let id = r.job_id;
+        if seen.insert(id, r).is_some() {
+            cell.duplicated += 1;
+        }
+    }
+    cell.lost += (first..first + n).filter(|id| !seen.contains_key(id)).count() as u64;
+    seen
+}
+
+/// Runs every fault against every operation and path on s3s-fs, 40 one-key jobs (or
+/// lookups) per cell with the fault on half of the cell's requests, and writes the table
+/// to `target/test-logs/fault-matrix.md` (the README's reliability section quotes it).
+/// Asserts what must hold whatever the machine's load: no wrong success, no lost or
+/// duplicated job, and conditional stores recovering as well as overwriting ones.
+#[test]
+fn fault_matrix() {
+    const N: u64 = 40;
+    let srv = Server::s3s_fs();
+    let front = Front::new(&srv);
+    let stall = Fault::StallResponse(Duration::from_secs(3));
+    let store_faults = [
+        ("reset", Fault::ResetRequest),
+        ("closed before the server", Fault::DropRequest),
+        ("closed after the server", Fault::DropResponse),
+        ("stall after the server", stall),
+        ("500", Fault::Status(500)),
+        ("503 SlowDown", Fault::Status(503)),
+    ];
+    let load_faults = [
+        ("reset", Fault::ResetRequest),
+        ("closed before the server", Fault::DropRequest),
+        ("stall", stall),
+        ("500", Fault::Status(500)),
+        ("503 SlowDown", Fault::Status(503)),
+        ("body cut", Fault::CutResponse),
+        ("short 206 body", Fault::ShortResponse),
+        ("short 200 body", Fault::Short200),
+        ("corrupted in transit", Fault::CorruptBody),
+        ("Range ignored", Fault::IgnoreRange),
+    ];
+    let lookup_faults = [
+        ("reset", Fault::ResetRequest),
+        ("closed before the server", Fault::DropRequest),
+        ("stall", stall),
+        ("500", Fault::Status(500)),
+        ("503 SlowDown", Fault::Status(503)),
+    ];
+    let store_extra = |direct: bool| json!({"max_retries": 3, "request_timeout_ms": 1000, "direct_http": direct});
+    let mut rows: Vec<(String, &str, &str, Cell)> = Vec::new();
+    let mut salt = 0u64;
+    let mut base = 0u64;
+    for (name, fault) in store_faults {
+        for mode in ["conditional", "skip_known"] {
+            salt += 1;
+            base += 1000;
+            let mut cell = Cell { jobs: N, ..Default::default() };
+            front.proxy.set_rule(|_| Fault::Pass);
+            let tier = front.tier(store_extra(true), json!({"dedup": mode}));
+            let mut pool = Pool::new(N, BLOCK);
+            pool.fill_random(base);
+            pool.register(&tier);
+            front.proxy.set_rule(half_of("PUT", fault, salt));
+            for i in 0..N {
+                tier.submit(JobKind::Store, i, &[i], keys(&[base + i])).unwrap();
+            }
+            let results = collect(&tier, 0, N, &mut cell);
+            front.proxy.set_rule(|_| Fault::Pass);
+            let direct_store = srv.store_json(&front.bucket);
+            for (id, r) in &results {
+                if r.succeeded() {
+                    cell.recovered += 1;
+                    let name = tier.layout().object_name(&key(base + id)).unwrap();
+                    if oob_get(&direct_store, &name).as_deref() != Some(pool.block(*id)) {
+                        cell.wrong += 1;
+                    }
+                }
+            }
+            rows.push((name.to_string(), if mode == "conditional" { "store (conditional)" } else { "store (skip_known)" }, "general", cell));
+        }
+    }
+    for (name, fault) in load_faults {
+        for direct in [true, false] {
+            salt += 1;
+            base += 1000;
+            let mut cell = Cell { jobs: N, ..Default::default() };
+            front.proxy.set_rule(|_| Fault::Pass);
+            let tier = front.tier(store_extra(direct), json!({}));
+            let mut pool = Pool::new(2 * N, BLOCK);
+            pool.fill_random(base);
+            pool.register(&tier);
+            let ids: Vec<u64> = (0..N).collect();
+            let stored: Vec<u64> = ids.iter().map(|i| base + i).collect();
+            tier.submit(JobKind::Store, 0, &ids, keys(&stored)).unwrap();
+            assert!(wait_all(&tier, 1)[&0].succeeded(), "{name}: setup store failed");
+            front.proxy.set_rule(half_of("GET", fault, salt));
+            for i in 0..N {
+                tier.submit(JobKind::Load, 1 + i, &[N + i], keys(&[base + i])).unwrap();
+            }
+            for (id, r) in collect(&tier, 1, N, &mut cell) {
+                if r.succeeded() {
+                    cell.recovered += 1;
+                    if pool.block(N + id - 1) != pool.block(id - 1) {
+                        cell.wrong += 1;
+                    }
+                }
+            }
+            rows.push((name.to_string(), "load", if direct { "direct" } else { "general" }, cell));
+        }
+    }
+    for (name, fault) in lookup_faults {
+        for direct in [true, false] {
+            salt += 1;
+            base += 1000;
+            let mut cell = Cell { jobs: N, ..Default::default() };
+            front.proxy.set_rule(|_| Fault::Pass);
+            let tier = front.tier(store_extra(direct), json!({}));
+            let mut pool = Pool::new(N, BLOCK);
+            pool.fill_random(base);
+            pool.register(&tier);
+            // Even keys are stored, odd ones are not.
+            let present: Vec<u64> = (0..N).step_by(2).map(|i| base + i).collect();
+            let blocks: Vec<u64> = (0..present.len() as u64).collect();
+            tier.submit(JobKind::Store, 0, &blocks, keys(&present)).unwrap();
+            assert!(wait_all(&tier, 1)[&0].succeeded(), "{name}: setup store failed");
+            // A fresh tier, so that no key is known from the store.
+            drop(tier);
+            let tier = front.tier(store_extra(direct), json!({}));
+            front.proxy.set_rule(half_of("HEAD", fault, salt));
+            // One request per key (a failed check fails only its own request's group), all
+            // in one step, so that the checks run concurrently.
+            for i in 0..N {
+                tier.lookup(i, &key(base + i)).unwrap();
+            }
+            tier.schedule_end().unwrap();
+            for i in 0..N {
+                let found = resolve_lookup(&tier, i, &key(base + i)) == kvtier::LookupResult::Hit;
+                let truth = i % 2 == 0;
+                if found && !truth {
+                    cell.wrong += 1;
+                }
+                if found == truth {
+                    cell.recovered += 1;
+                }
+            }
+            rows.push((name.to_string(), "lookup", if direct { "direct" } else { "general" }, cell));
+        }
+    }
+    let mut table = String::from(
+        "| fault (on half the requests) | operation | path | jobs | wrong successes | lost | duplicated | recovered |\n\
+         |---|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for (fault, op, path, c) in &rows {
+        table.push_str(&format!(
+            "| {fault} | {op} | {path} | {} | {} | {} | {} | {} |\n",
+            c.jobs, c.wrong, c.lost, c.duplicated, c.recovered
+        ));
+    }
+    let out = manifest_dir().join("target/test-logs");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("fault-matrix.md"), &table).unwrap();
+    println!("{table}");
+    for (fault, op, path, c) in &rows {
+        assert_eq!((c.wrong, c.lost, c.duplicated), (0, 0, 0), "{fault} / {op} / {path}\n{table}");
+    }
+    // Interrupted conditional PUTs are repeated like overwriting ones.
+    for pair in rows.chunks(2).take(store_faults.len()) {
+        let (conditional, skip_known) = (&pair[0].3, &pair[1].3);
+        assert!(conditional.recovered + N / 4 >= skip_known.recovered, "{}: conditional stores recover less\n{table}", pair[0].0);
+    }
+}
