@@ -17,6 +17,7 @@ if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
 from upstream_support import (  # noqa: E402
+    PAD_HASHES,
     SHORT_HASH_REASON,
     SHORT_HASHES_REFUSED,
     FaultProxy,
@@ -27,16 +28,27 @@ from upstream_support import (  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("short_hashes") and SHORT_HASHES_REFUSED:
+        if (
+            item.get_closest_marker("short_hashes")
+            and not item.get_closest_marker("tier_sees_no_keys")
+            and SHORT_HASHES_REFUSED
+            and not PAD_HASHES
+        ):
             item.add_marker(pytest.mark.xfail(reason=SHORT_HASH_REASON, strict=True))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "short_hashes: uses vLLM's 1-2 byte block hashes")
+    config.addinivalue_line(
+        "markers", "tier_sees_no_keys: checks that no key reaches the tiers (runs whatever the key length)"
+    )
 
 
 def pytest_report_header(config):
-    return [f"kvtier short block hashes: {'refused (short-hash tests xfail)' if SHORT_HASHES_REFUSED else 'accepted'}"]
+    state = "accepted" if not SHORT_HASHES_REFUSED else "refused (short-hash tests xfail)"
+    if PAD_HASHES:
+        state += "; KVTIER_UPSTREAM_PAD_HASHES=1: tests use padded hashes"
+    return [f"kvtier short block hashes: {state}"]
 
 
 _STORE_IDS = ["local", "s3s-fs", "moto"]

@@ -574,3 +574,19 @@ def clear_rows(view: memoryview, rows: Iterable[int] | None = None) -> None:
     else:
         for row in rows:
             arr[row] = 0
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM's manager-test keys.
+
+#: Set to 1 to run the short-hash tests with 4+ byte hashes (b"pad" + str(i)) instead of
+#: vLLM's, on a library that still refuses short hashes: it checks everything else of
+#: those tests. Unset, the tests use vLLM's keys exactly.
+PAD_HASHES = os.environ.get("KVTIER_UPSTREAM_PAD_HASHES") == "1"
+
+
+def to_keys(int_ids: Iterable[int]) -> list:
+    """vLLM's ``to_keys``: make_offload_key(str(i).encode(), 0) — 1-2 byte hashes."""
+    if PAD_HASHES:
+        return [make_offload_key(b"pad" + str(i).encode(), 0) for i in int_ids]
+    return [make_offload_key(str(i).encode(), 0) for i in int_ids]
