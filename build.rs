@@ -29,6 +29,10 @@ fn main() {
     // whose threads and thread-locals may still be alive.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libkvtier.so.{major}");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    // Export the kvt_ API only: object_store's crc-fast dependency builds its C API (a
+    // default feature that cannot be turned off from here), whose crc_fast_* functions
+    // would otherwise be exported too. Symbols from dependency archives become local.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--exclude-libs,ALL");
     println!("cargo:include={}", crate_dir.join("include").display());
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
