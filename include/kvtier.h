@@ -111,7 +111,8 @@ typedef enum kvt_status {
   // The call is not valid in the tier's current state (memory not registered,
   // registered twice...).
   KVT_STATUS_STATE = 7,
-  // A Rust panic was caught at the boundary; the tier may be unusable.
+  // An internal error (a Rust panic) was caught at the boundary. The tier then refuses
+  // further work: only collecting results and shutting it down still work.
   KVT_STATUS_PANIC = 8,
   // The job id already has a result pending (submitted and not yet polled).
   KVT_STATUS_DUPLICATE_JOB = 9,

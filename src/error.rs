@@ -25,7 +25,8 @@ pub enum Status {
     /// The call is not valid in the tier's current state (memory not registered,
     /// registered twice...).
     State = 7,
-    /// A Rust panic was caught at the boundary; the tier may be unusable.
+    /// An internal error (a Rust panic) was caught at the boundary. The tier then refuses
+    /// further work: only collecting results and shutting it down still work.
     Panic = 8,
     /// The job id already has a result pending (submitted and not yet polled).
     DuplicateJob = 9,
