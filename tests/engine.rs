@@ -353,3 +353,29 @@ fn transfer_threads_take_the_configured_nice_value() {
     }
     tier.shutdown();
 }
+
+#[test]
+fn a_job_holds_its_blocks_until_its_result_is_polled() {
+    let tier = memory_tier();
+    let mut pool = Pool::new(4);
+    pool.fill_random(11);
+    pool.register(&tier);
+    // A store naming block 0 twice holds it once; another store may share it.
+    tier.submit(JobKind::Store, 1, &[0, 0, 1], keys(&[1, 2, 3])).unwrap();
+    tier.submit(JobKind::Store, 2, &[0], keys(&[4])).unwrap();
+    // A load needs its block alone, whether the holder is running or finished unpolled.
+    let busy = tier.submit(JobKind::Load, 3, &[1], keys(&[1])).unwrap_err();
+    assert_eq!(busy.status, Status::BlockBusy, "{busy:?}");
+    assert!(busy.message.contains("block 1") && busy.message.contains("job 1"), "{}", busy.message);
+    let results = wait_all(&tier, 3);
+    assert_eq!(results[&3].status, Status::BlockBusy);
+    assert_eq!(results[&3].key_status, vec![Status::BlockBusy]);
+    // Polled: blocks 0 and 1 are free again, and a load now holds block 1 alone.
+    tier.submit(JobKind::Load, 5, &[1], keys(&[4])).unwrap();
+    assert_eq!(tier.submit(JobKind::Store, 6, &[1], keys(&[5])).unwrap_err().status, Status::BlockBusy);
+    assert_eq!(tier.submit(JobKind::Load, 7, &[1], keys(&[5])).unwrap_err().status, Status::BlockBusy);
+    tier.submit(JobKind::Store, 8, &[0], keys(&[6])).unwrap();
+    let results = wait_all(&tier, 4);
+    assert!(results[&5].succeeded() && results[&8].succeeded());
+    assert_eq!(pool.block(1), pool.block(0), "block 1 holds key 4, stored from block 0");
+}
