@@ -2198,6 +2198,69 @@ static void test_vllm_namespace(void)
     CHECKF(s == KVT_STATUS_INVALID_ARGUMENT, "not UTF-8: %d", (int)s);
 }
 
+/* Lookups answer RETRY until a step has ended, then HIT or MISS; successful store jobs
+ * (only they) yield one BlockStored event each, holding the job's keys in order. */
+static void test_lookups_and_events(void)
+{
+    fixture f;
+    uint8_t *keys = make_keys(3); /* 0 and 1 stored, 2 absent */
+    uint64_t ids[2] = {0, 1}, bad = 99, id;
+    kvt_lookup_result hit = KVT_LOOKUP_RESULT_RETRY, miss = KVT_LOOKUP_RESULT_RETRY, v;
+    kvt_event events[4];
+    size_t n = 9;
+    double deadline;
+
+    if (!fixture_open(&f, "memory", 2, 4096, ",\"enable_kv_events\":true,\"locality\":\"REMOTE\"")) {
+        goto out;
+    }
+    id = 1;
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, id, ids, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_take_events(f.tier, events, 4, &n), KVT_STATUS_OK);
+    CHECK(n == 0); /* an event follows the polled result, not the I/O */
+    wait_ok(&f, &id, 1, scaled_ms(5000));
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, 2, &bad, keys, KEY_LEN, 1), KVT_STATUS_INVALID_ARGUMENT);
+    id = 3;
+    CHECK_STATUS(kvt_tier_submit_load(f.tier, id, ids, keys, KEY_LEN, 1), KVT_STATUS_OK);
+    CHECK(collect(&f, 2, scaled_ms(5000), 4, NULL, 0, NULL) == 2);
+
+    n = 9;
+    CHECK_STATUS(kvt_tier_take_events(f.tier, NULL, 4, &n), KVT_STATUS_NULL_ARGUMENT);
+    CHECK(n == 0);
+    CHECK_STATUS(kvt_tier_take_events(f.tier, events, 4, NULL), KVT_STATUS_NULL_ARGUMENT);
+    n = 9;
+    CHECK_STATUS(kvt_tier_take_events(f.tier, NULL, 0, &n), KVT_STATUS_OK);
+    CHECK(n == 0);
+    CHECK_STATUS(kvt_tier_take_events(f.tier, events, 4, &n), KVT_STATUS_OK);
+    if (CHECKF(n == 1, "%zu events for one successful store", n)) {
+        CHECK(events[0].job_id == 1 && events[0].num_keys == 2 && events[0].key_len == KEY_LEN);
+        CHECK(memcmp(events[0].keys, keys, 2 * KEY_LEN) == 0);
+        CHECK(events[0].medium != NULL && strcmp(events[0].medium, "STORAGE") == 0);
+        CHECK(events[0].locality == KVT_LOCALITY_REMOTE);
+    }
+    CHECK_STATUS(kvt_tier_take_events(f.tier, events, 4, &n), KVT_STATUS_OK);
+    CHECK(n == 0);
+
+    CHECK_STATUS(kvt_tier_lookup(f.tier, 7, NULL, KEY_LEN, &v), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_lookup(f.tier, 7, keys, KEY_LEN, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_lookup(f.tier, 7, keys, KEY_LEN - 1, &v), KVT_STATUS_INVALID_ARGUMENT);
+    /* One scheduler step after another until both are known (the answers arrive from the
+     * lookup lane; there is nothing to wait on but the next step). */
+    deadline = now_ms() + scaled_ms(10000);
+    while ((hit == KVT_LOOKUP_RESULT_RETRY || miss == KVT_LOOKUP_RESULT_RETRY) && now_ms() < deadline) {
+        CHECK_STATUS(kvt_tier_lookup(f.tier, 7, keys + KEY_LEN, KEY_LEN, &hit), KVT_STATUS_OK);
+        CHECK_STATUS(kvt_tier_lookup(f.tier, 7, keys + 2 * KEY_LEN, KEY_LEN, &miss), KVT_STATUS_OK);
+        CHECK_STATUS(kvt_tier_schedule_end(f.tier), KVT_STATUS_OK);
+        poll(NULL, 0, 1);
+    }
+    CHECKF(hit == KVT_LOOKUP_RESULT_HIT, "stored key: %d", (int)hit);
+    CHECKF(miss == KVT_LOOKUP_RESULT_MISS, "absent key: %d", (int)miss);
+    CHECK_STATUS(kvt_tier_request_finished(f.tier, 7), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_request_finished(f.tier, 12345), KVT_STATUS_OK); /* unknown: ignored */
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
 /* After kvt_tier_shutdown returns, the library does not touch the pool: it is made
  * inaccessible (any access would fault) while the results, events and counters are
  * collected; after kvt_tier_free, while another tier runs. */
@@ -2818,6 +2881,7 @@ static const test_case k_cases[] = {
     {"fork", test_fork},
     {"stats", test_stats},
     {"vllm_namespace", test_vllm_namespace},
+    {"lookups_and_events", test_lookups_and_events},
     {"pool_fenced", test_pool_fenced},
     {"random_sequences", test_random_sequences},
 };
