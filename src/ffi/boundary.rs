@@ -50,11 +50,12 @@ pub(crate) type PanicHook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + 
 /// The library's hook in front of `previous`.
 pub(crate) fn silencing_hook(previous: PanicHook) -> PanicHook {
     Box::new(move |info| {
-        let ours = IN_CALL.with(|c| c.get() > 0)
+        // try_with: a hook must not panic, also on a thread whose locals are gone.
+        let ours = IN_CALL.try_with(|c| c.get() > 0).unwrap_or(false)
             || std::thread::current().name().is_some_and(|n| n.starts_with("kvtier-"));
         if ours {
             let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
-            PANIC_AT.with(|p| *p.borrow_mut() = at);
+            let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
         } else {
             previous(info);
         }
