@@ -30,9 +30,10 @@
  *   and count out-parameters to 0, where the function says so.
  *
  * Jobs. Submission never blocks and never does I/O on the caller's thread. With a valid
- *   tier and a job id that has no result pending, every submit call yields exactly one
- *   result from kvt_tier_poll, success or failure, including when the submit call itself
- *   returns an error. A job is reported only after all of its I/O has finished.
+ *   tier (used in the process that created it) and a job id that has no result pending,
+ *   every submit call yields exactly one result from kvt_tier_poll, success or failure,
+ *   including when the submit call itself returns an error. A job is reported only after
+ *   all of its I/O has finished. A job holds its blocks until its result is polled.
  *
  * Threading. A kvt_tier may be used from any thread. kvt_tier_submit_*,
  *   kvt_tier_event_fd, kvt_tier_jobs_in_flight and kvt_tier_drain may run concurrently
@@ -298,10 +299,12 @@ enum kvt_status kvt_tier_register_memory(struct kvt_tier *tier,
 //   jobs may share blocks; a block held by a load job is KVT_STATUS_BLOCK_BUSY (with the
 //   job's one result), so that no block is read while the library writes it.
 //
-// Never blocks. With a valid tier and a `job_id` that has no result pending, exactly one
+// Never blocks. With a valid tier (in its own process; KVT_STATUS_FORKED in a fork()
+// child, with no result) and a `job_id` that has no result pending, exactly one
 // result for `job_id` comes out of `kvt_tier_poll`, also when this call returns an error
-// (NULL arrays, zero keys, wrong key length, block id out of range, memory not registered,
-// after shutdown). KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
+// (NULL arrays, zero keys, wrong key length, block id out of range, a block held by
+// another job, memory not registered, after shutdown or after a caught panic).
+// KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
 // no second result is produced. Thread-safe; may run concurrently with any function but
 // `kvt_tier_shutdown` and `kvt_tier_free`.
 enum kvt_status kvt_tier_submit_store(struct kvt_tier *tier,

@@ -270,10 +270,12 @@ unsafe fn submit(
 ///   jobs may share blocks; a block held by a load job is KVT_STATUS_BLOCK_BUSY (with the
 ///   job's one result), so that no block is read while the library writes it.
 ///
-/// Never blocks. With a valid tier and a `job_id` that has no result pending, exactly one
+/// Never blocks. With a valid tier (in its own process; KVT_STATUS_FORKED in a fork()
+/// child, with no result) and a `job_id` that has no result pending, exactly one
 /// result for `job_id` comes out of `kvt_tier_poll`, also when this call returns an error
-/// (NULL arrays, zero keys, wrong key length, block id out of range, memory not registered,
-/// after shutdown). KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
+/// (NULL arrays, zero keys, wrong key length, block id out of range, a block held by
+/// another job, memory not registered, after shutdown or after a caught panic).
+/// KVT_STATUS_DUPLICATE_JOB means the id already has a result pending;
 /// no second result is produced. Thread-safe; may run concurrently with any function but
 /// `kvt_tier_shutdown` and `kvt_tier_free`.
 #[no_mangle]
