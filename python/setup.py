@@ -5,6 +5,10 @@ parent of this directory), copies the library into the built `kvtier` package, a
 the wheel as platform-specific (py3-none-<platform>: the library is plain C ABI, loaded
 with ctypes, so one wheel serves every CPython 3 on the platform).
 
+The wheel for distribution comes from `scripts/build-wheel.sh`: it builds with
+KVTIER_PREBUILT_LIBRARY set to the release library, then `auditwheel repair` checks the
+library's glibc symbol versions and retags the wheel manylinux_2_<floor>.
+
 Environment:
   KVTIER_PREBUILT_LIBRARY  bundle this already-built library instead of running cargo
   KVTIER_SOURCE_DIR        the repository root, when this directory is not inside it

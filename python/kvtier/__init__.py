@@ -10,12 +10,14 @@ The native library is found through ``KVTIER_LIBRARY``, else the copy bundled by
 
 from .errors import (
     AuthError,
+    BlockBusyError,
     BucketNotFoundError,
     CancelledError,
     ConfigError,
     ConnectError,
     CorruptError,
     DuplicateJobError,
+    ForkedError,
     InvalidArgumentError,
     KvtierError,
     LengthMismatchError,
@@ -50,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AuthError",
+    "BlockBusyError",
     "BucketNotFoundError",
     "CancelledError",
     "ConfigError",
@@ -58,6 +61,7 @@ __all__ = [
     "DEFAULT_KEY_BYTES",
     "DuplicateJobError",
     "Event",
+    "ForkedError",
     "InvalidArgumentError",
     "JobKind",
     "JobOutcome",

@@ -1,10 +1,12 @@
 """Loading ``libkvtier`` and declaring its C ABI for ctypes.
 
 Everything here mirrors ``include/kvtier.h`` one to one: the structs, the enums (as
-plain ints) and the prototypes. The library is found, in order:
+plain ints) and the prototypes. ``python/tests/test_header_bindings.py`` checks that in
+full against the header (every prototype, struct layout, enum and constant). The library
+is found, in order:
 
 1. ``KVTIER_LIBRARY`` (an explicit path; nothing else is tried when it is set);
-2. the copy bundled in this package by ``pip install`` (``kvtier/libkvtier.so``);
+2. the copy bundled in this package by its wheel or ``pip install`` (``kvtier/libkvtier.so``);
 3. the Cargo build of the source tree this package sits in
    (``<repo>/target/release/libkvtier.so``, or under ``CARGO_TARGET_DIR``), so that
    ``PYTHONPATH=python`` works in a checkout without installing.

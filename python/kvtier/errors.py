@@ -27,6 +27,8 @@ class Status(enum.IntEnum):
     PERMISSION_DENIED = 16
     BUCKET_NOT_FOUND = 17
     TLS = 18
+    FORKED = 19
+    BLOCK_BUSY = 20
 
 
 def as_status(value: int) -> Status | int:
@@ -126,6 +128,14 @@ class TlsError(KvtierError):
     pass
 
 
+class ForkedError(KvtierError):
+    """The tier was created by another process (this one is a ``fork()`` child of it)."""
+
+
+class BlockBusyError(KvtierError):
+    """A block of the job is held by another job whose result has not been polled."""
+
+
 _BY_STATUS: dict[int, type[KvtierError]] = {
     Status.NULL_ARGUMENT: NullArgumentError,
     Status.INVALID_ARGUMENT: InvalidArgumentError,
@@ -145,6 +155,8 @@ _BY_STATUS: dict[int, type[KvtierError]] = {
     Status.PERMISSION_DENIED: PermissionDeniedError,
     Status.BUCKET_NOT_FOUND: BucketNotFoundError,
     Status.TLS: TlsError,
+    Status.FORKED: ForkedError,
+    Status.BLOCK_BUSY: BlockBusyError,
 }
 
 

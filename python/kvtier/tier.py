@@ -192,6 +192,100 @@ def _mismatch(ids, expected):
     raise ValueError(f"{len(ids)} block ids for {expected} keys; a job moves one block per key")
 
 
+class _Handle:
+    """The ``kvt_tier *`` of one tier, the calls using it, and what must outlive it.
+
+    Every C call on the handle runs inside ``with handle as ptr:`` (a shared use, many at
+    once, as the C ABI allows); :meth:`exclusive` waits until no call uses the handle and
+    keeps new ones waiting, for ``kvt_tier_shutdown`` and ``kvt_tier_free``, which must not
+    run concurrently with any other call. So a call racing :meth:`Tier.close` either runs
+    before the handle is freed or raises :class:`ShutDownError`; it never passes a freed
+    pointer. The host pool's references live here, not on the tier, so that they outlive
+    ``kvt_tier_free`` also when the tier is finalized by the garbage collector.
+    """
+
+    __slots__ = ("ptr", "pool", "_cond", "_users", "_exclusive", "__weakref__")
+
+    def __init__(self, ptr: int):
+        self.ptr: int | None = ptr
+        self.pool: tuple | None = None  # references that keep the host pool alive
+        self._after_fork()
+        _live_handles.add(self)
+
+    def _after_fork(self) -> None:
+        # Also run in a fork() child, where the threads that held the lock or used the
+        # handle do not exist.
+        self._cond = threading.Condition(threading.Lock())
+        self._users = 0
+        self._exclusive = False
+
+    def ensure_open(self) -> None:
+        if self.ptr is None:
+            raise ShutDownError(Status.SHUT_DOWN, "the tier is closed")
+
+    def __enter__(self) -> int:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            ptr = self.ptr
+            if ptr is None:
+                raise ShutDownError(Status.SHUT_DOWN, "the tier is closed")
+            self._users += 1
+            return ptr
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._users -= 1
+            if self._users == 0 and self._exclusive:
+                self._cond.notify_all()
+
+    def exclusive(self, action) -> Any:
+        """Runs ``action(ptr)`` (``ptr`` may be None) with no other call using the handle."""
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._exclusive = True
+            while self._users:
+                self._cond.wait()
+        try:
+            return action(self.ptr)
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+    def free(self) -> None:
+        """``kvt_tier_free`` once; drops the pool's references after it returned."""
+
+        def _free(ptr):
+            if ptr is not None:
+                self.ptr = None
+                _lib().kvt_tier_free(ptr)
+            # The library touches the pool no more once kvt_tier_free has returned.
+            self.pool = None
+
+        self.exclusive(_free)
+
+
+_live_handles: "weakref.WeakSet[_Handle]" = weakref.WeakSet()
+
+
+def _handles_after_fork_in_child() -> None:
+    for handle in list(_live_handles):
+        handle._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_handles_after_fork_in_child)
+
+
+def _finalize_unclosed(handle: _Handle) -> None:
+    # weakref.finalize of a tier dropped without close() (garbage collection or exit).
+    if handle.ptr is not None:
+        warnings.warn("kvtier.Tier was not closed; closing it now", ResourceWarning, stacklevel=2)
+        handle.free()
+
+
 _live_tiers: "weakref.WeakSet[Tier]" = weakref.WeakSet()
 
 
@@ -201,7 +295,6 @@ def _after_fork_in_child() -> None:
     # may have been held by parent threads at fork time: fresh ones, so that those calls
     # raise instead of hanging.
     for tier in list(_live_tiers):
-        tier._lock = threading.RLock()
         tier._poll_lock = threading.Lock()
         tier._events_lock = threading.Lock()
 
@@ -218,9 +311,11 @@ class Tier:
     the store and probes it (blocking). Close it with :meth:`close` or a ``with``
     block; ``close`` shuts the tier down and frees the handle, and is idempotent.
 
-    A tier may be used from several threads, except that :meth:`shutdown` and
-    :meth:`close` must not run concurrently with other calls (as in C); :meth:`poll` and
-    :meth:`take_events` serialize themselves. A tier belongs to the process that created
+    A tier may be used from several threads: :meth:`shutdown` and :meth:`close` wait
+    for the calls in progress on other threads (the C ABI forbids running them
+    concurrently with other calls), and :meth:`poll` and :meth:`take_events` serialize
+    themselves. A tier dropped without :meth:`close` is closed when it is collected or
+    at exit, with a ``ResourceWarning``. A tier belongs to the process that created
     it: in a ``fork()`` child its methods raise (status FORKED) and :meth:`close` only
     retires the handle; create a new tier there.
     """
@@ -230,11 +325,12 @@ class Tier:
         lib = _lib()
         handle = ctypes.c_void_p()
         _check(lib.kvt_tier_new(text.encode(), ctypes.byref(handle)))
-        self._ptr: int | None = handle.value
-        self._lock = threading.RLock()
+        self._h = _Handle(handle.value)
+        # Frees the handle of a tier dropped without close(), when it is collected or at
+        # exit; close() detaches it.
+        self._finalizer = weakref.finalize(self, _finalize_unclosed, self._h)
         self._poll_lock = threading.Lock()
         self._events_lock = threading.Lock()
-        self._pool: tuple | None = None  # references that keep the host pool alive
         self.num_blocks = 0
         self.block_bytes = 0
         _live_tiers.add(self)
@@ -243,45 +339,31 @@ class Tier:
 
     @property
     def closed(self) -> bool:
-        return self._ptr is None
-
-    def _handle(self) -> int:
-        ptr = self._ptr
-        if ptr is None:
-            raise ShutDownError(Status.SHUT_DOWN, "the tier is closed")
-        return ptr
+        return self._h.ptr is None
 
     def shutdown(self) -> None:
         """Refuse new work, cancel what has not started, wait for what has; idempotent.
 
-        Results stay available to :meth:`poll`. Blocks.
+        Results stay available to :meth:`poll`. Waits for calls in progress on other
+        threads first, then blocks until the I/O in progress has finished.
         """
-        with self._lock:
-            if self._ptr is not None:
-                _check(_lib().kvt_tier_shutdown(self._ptr))
+        status = self._h.exclusive(lambda ptr: Status.OK if ptr is None else _lib().kvt_tier_shutdown(ptr))
+        _check(status)
 
     def close(self) -> None:
-        """Shut down and free the handle (``kvt_tier_free``); idempotent. Blocks."""
-        with self._lock:
-            ptr, self._ptr = self._ptr, None
-            if ptr is not None:
-                _lib().kvt_tier_free(ptr)
-            # The library touches the pool no more once kvt_tier_free has returned.
-            self._pool = None
+        """Shut down and free the handle (``kvt_tier_free``); idempotent. Blocks.
+
+        Waits for calls in progress on other threads; calls made afterwards raise
+        :class:`ShutDownError`.
+        """
+        self._finalizer.detach()
+        self._h.free()
 
     def __enter__(self) -> "Tier":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
-            warnings.warn("kvtier.Tier was not closed; closing it now", ResourceWarning, stacklevel=2)
-            try:
-                self.close()
-            except Exception:  # pragma: no cover - interpreter shutdown
-                pass
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.num_blocks} blocks of {self.block_bytes} bytes"
@@ -298,7 +380,7 @@ class Tier:
         The tier keeps a reference to the buffer, so it stays alive (and a bytearray
         cannot be resized) until :meth:`close`. Allowed once per tier.
         """
-        ptr = self._handle()
+        self._h.ensure_open()
         view = memoryview(buffer)
         if view.readonly:
             raise ValueError("the host pool must be writable")
@@ -320,9 +402,9 @@ class Tier:
         # from_buffer holds a buffer export: the memory cannot be freed or resized while
         # the tier keeps `holder`.
         holder = (ctypes.c_ubyte * nbytes).from_buffer(flat)
-        with self._lock:
+        with self._h as ptr:
             _check(_lib().kvt_tier_register_memory(ptr, ctypes.addressof(holder), num_blocks, block_bytes))
-            self._pool = (buffer, view, flat, holder)
+            self._h.pool = (buffer, view, flat, holder)
             self.num_blocks, self.block_bytes = num_blocks, block_bytes
 
     # -- jobs ------------------------------------------------------------------------
@@ -333,8 +415,10 @@ class Tier:
             raise ValueError(f"job id {job_id} is out of range")
         buf, key_len, num_keys = _key_buffer(keys)
         ids, address = _block_id_array(block_ids, num_keys)
-        _check(fn(self._handle(), job_id, address, buf, key_len, num_keys))
+        with self._h as ptr:
+            status = fn(ptr, job_id, address, buf, key_len, num_keys)
         del ids  # kept alive through the call
+        _check(status)
 
     def submit_store(self, job_id: int, block_ids: Any, keys: Sequence) -> None:
         """Stores block ``block_ids[i]`` under ``keys[i]``. Never blocks.
@@ -357,8 +441,7 @@ class Tier:
         """Takes every finished job. Never blocks; each job is returned exactly once."""
         lib = _lib()
         out: list[JobOutcome] = []
-        with self._poll_lock:
-            ptr = self._handle()
+        with self._poll_lock, self._h as ptr:
             results = (_native.KvtResult * _BATCH)()
             count = ctypes.c_size_t()
             while True:
@@ -383,21 +466,26 @@ class Tier:
 
     def event_fd(self) -> int:
         """A file descriptor readable while results wait (owned by the tier: don't close it)."""
-        fd = _lib().kvt_tier_event_fd(self._handle())
+        with self._h as ptr:
+            fd = _lib().kvt_tier_event_fd(ptr)
         if fd < 0:
             raise ShutDownError(Status.SHUT_DOWN, "the tier has no event fd")
         return fd
 
     def jobs_in_flight(self) -> int:
         """Jobs submitted and not yet finished."""
-        return _lib().kvt_tier_jobs_in_flight(self._handle())
+        with self._h as ptr:
+            return _lib().kvt_tier_jobs_in_flight(ptr)
 
     def drain(self, timeout_ms: int) -> None:
         """Blocks until no job is in flight; :class:`TimedOutError` after ``timeout_ms``.
 
         Results stay queued for :meth:`poll`; nothing is cancelled. Releases the GIL.
         """
-        _check(_lib().kvt_tier_drain(self._handle(), max(0, int(timeout_ms))))
+        timeout_ms = max(0, int(timeout_ms))
+        with self._h as ptr:
+            status = _lib().kvt_tier_drain(ptr, timeout_ms)
+        _check(status)
 
     # -- lookups ---------------------------------------------------------------------
 
@@ -408,16 +496,23 @@ class Tier:
             raise ValueError(f"request id {req_id} is out of range")
         key = key if isinstance(key, bytes) else bytes(key)
         out = ctypes.c_int()
-        _check(_lib().kvt_tier_lookup(self._handle(), req_id, key, len(key), ctypes.byref(out)))
+        with self._h as ptr:
+            status = _lib().kvt_tier_lookup(ptr, req_id, key, len(key), ctypes.byref(out))
+        _check(status)
         return LookupResult(out.value)
 
     def schedule_end(self) -> None:
         """Sends the lookups asked since the last call as one deduplicated batch."""
-        _check(_lib().kvt_tier_schedule_end(self._handle()))
+        with self._h as ptr:
+            status = _lib().kvt_tier_schedule_end(ptr)
+        _check(status)
 
     def request_finished(self, req_id: int) -> None:
         """The request will look nothing up again; verdicts only it held are dropped."""
-        _check(_lib().kvt_tier_request_finished(self._handle(), operator.index(req_id)))
+        req_id = operator.index(req_id)
+        with self._h as ptr:
+            status = _lib().kvt_tier_request_finished(ptr, req_id)
+        _check(status)
 
     # -- events and stats ------------------------------------------------------------
 
@@ -425,8 +520,7 @@ class Tier:
         """Takes every BlockStored event recorded so far, oldest first."""
         lib = _lib()
         out: list[Event] = []
-        with self._events_lock:
-            ptr = self._handle()
+        with self._events_lock, self._h as ptr:
             events = (_native.KvtEvent * _BATCH)()
             count = ctypes.c_size_t()
             while True:
@@ -448,7 +542,9 @@ class Tier:
     def stats(self) -> dict[str, int]:
         """The tier's counters (keys/bytes stored and loaded, failures, existence checks)."""
         out = _native.KvtStats()
-        _check(_lib().kvt_tier_stats(self._handle(), ctypes.byref(out), ctypes.sizeof(out)))
+        with self._h as ptr:
+            status = _lib().kvt_tier_stats(ptr, ctypes.byref(out), ctypes.sizeof(out))
+        _check(status)
         return {name: getattr(out, name) for name in _native.STATS_FIELDS}
 
 
