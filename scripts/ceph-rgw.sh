@@ -8,9 +8,10 @@
 #   scripts/ceph-rgw.sh stop [DIR]       stops a cluster started with `start`
 #
 # The cluster: one monitor on 127.0.0.1 (msgr v1), one OSD on memstore (data in memory),
-# `auth none`, pools of size 1, radosgw with the beast frontend, and one S3 user created
-# with radosgw-admin. When it is ready, DIR/env holds RGW_ENDPOINT, RGW_ACCESS_KEY and
-# RGW_SECRET_KEY (shell syntax). Logs are in DIR/log.
+# `auth none`, pools of size 1, radosgw with the beast frontend, and two S3 users created
+# with radosgw-admin (kvtier, and kvtier-nolist for bucket-policy tests). When it is ready,
+# DIR/env holds RGW_ENDPOINT, RGW_ACCESS_KEY, RGW_SECRET_KEY, RGW_NOLIST_ACCESS_KEY and
+# RGW_NOLIST_SECRET_KEY (shell syntax). Logs are in DIR/log.
 #
 # Traps this avoids: an OSD that updates its own crush location at start sometimes exits
 # ("wrong fsid"), so it is added to the crush map here and its own updates are off;
@@ -19,9 +20,12 @@
 # created its pools.
 set -euo pipefail
 
-# The S3 user's keys (the tests pass their own).
+# The S3 user's keys (the tests pass their own), and a second user, kvtier-nolist, that
+# owns nothing: a bucket policy can grant it object access without s3:ListBucket.
 ACCESS_KEY="${RGW_ACCESS_KEY:-kvtier-rgw-access}"
 SECRET_KEY="${RGW_SECRET_KEY:-kvtier-rgw-secret-Vb71qZ}"
+NOLIST_ACCESS_KEY="${RGW_NOLIST_ACCESS_KEY:-kvtier-rgw-nolist}"
+NOLIST_SECRET_KEY="${RGW_NOLIST_SECRET_KEY:-kvtier-rgw-nolist-secret-8sQw}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 die() { echo "ceph-rgw: $*" >&2; exit 1; }
@@ -183,10 +187,15 @@ EOF
     radosgw-admin -c "$CONF" -n client.admin user create --uid=kvtier --display-name=kvtier \
         --access-key="$ACCESS_KEY" --secret-key="$SECRET_KEY" >>"$DIR/log/setup.out" 2>&1 \
         || die "radosgw-admin user create failed (see $DIR/log/setup.out)"
+    radosgw-admin -c "$CONF" -n client.admin user create --uid=kvtier-nolist --display-name=kvtier-nolist \
+        --access-key="$NOLIST_ACCESS_KEY" --secret-key="$NOLIST_SECRET_KEY" >>"$DIR/log/setup.out" 2>&1 \
+        || die "radosgw-admin user create failed (see $DIR/log/setup.out)"
     cat >"$DIR/env.tmp" <<EOF
 RGW_ENDPOINT=127.0.0.1:$PORT
 RGW_ACCESS_KEY=$ACCESS_KEY
 RGW_SECRET_KEY=$SECRET_KEY
+RGW_NOLIST_ACCESS_KEY=$NOLIST_ACCESS_KEY
+RGW_NOLIST_SECRET_KEY=$NOLIST_SECRET_KEY
 EOF
     mv "$DIR/env.tmp" "$DIR/env"
     echo "ceph-rgw: ready on 127.0.0.1:$PORT (data in memory, logs in $DIR/log)" >&2

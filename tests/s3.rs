@@ -424,6 +424,54 @@ on_both_servers!(
     probe_leftovers_do_not_accumulate_when_delete_is_denied,
 );
 
+/// A real principal without s3:ListBucket: an RGW user granted object access to the bucket
+/// by a bucket policy, nothing else. RGW answers 403 for its missing keys; the tier starts,
+/// stores and loads, and a lookup of a missing key costs one HEAD (counted at a proxy), not a
+/// direct HEAD plus a second one through the general client.
+#[test]
+fn rgw_principal_without_list_bucket() {
+    let srv = Server::shared_rgw();
+    let bucket = srv.new_bucket();
+    let policy = json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"AWS": [format!("arn:aws:iam:::user/{RGW_NOLIST_USER}")]},
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+            "Resource": [format!("arn:aws:s3:::{bucket}/*")],
+        }],
+    });
+    let (status, body) =
+        signed_request(srv.port(), "PUT", &format!("/{bucket}?policy"), policy.to_string().as_bytes(), &srv.access_key, &srv.secret_key)
+            .unwrap();
+    assert!(status == 200 || status == 204, "bucket policy: {status} {body}");
+    let proxy = Proxy::start(srv.port());
+    let mut store = with(srv.store_json(&bucket), "endpoint_override", json!(proxy.endpoint()));
+    store["access_key"] = json!(RGW_NOLIST_ACCESS_KEY);
+    store["secret_key"] = json!(RGW_NOLIST_SECRET_KEY);
+    let tier = tier(store);
+    assert!(tier.missing_keys_are_forbidden(), "RGW answers 403 for a missing key without ListBucket");
+    let mut pool = Pool::new(8, BLOCK);
+    pool.fill_random(88);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[1, 2])).unwrap();
+    let r = wait_all(&tier, 1).remove(&1).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    tier.submit(JobKind::Load, 2, &[4, 5], keys(&[1, 2])).unwrap();
+    let r = wait_all(&tier, 1).remove(&2).unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert!(pool.block(4) == pool.block(0) && pool.block(5) == pool.block(1));
+    let heads = || proxy.stats().by_method.get("HEAD").copied().unwrap_or(0);
+    let (heads_before, fallbacks_before) = (heads(), tier.stats().direct_fallbacks);
+    let absent: Vec<u64> = (300..316).collect();
+    for k in &absent {
+        assert_eq!(resolve_lookup(&tier, 5, &key(*k)), LookupResult::Miss, "key {k}");
+    }
+    assert_eq!(resolve_lookup(&tier, 5, &key(1)), LookupResult::Hit);
+    assert_eq!(heads() - heads_before, absent.len() as u64 + 1, "one HEAD per lookup");
+    assert_eq!(tier.stats().direct_fallbacks, fallbacks_before, "{:?}", tier.stats());
+}
+
 // ------------------------------------------------------------------------------------
 // Server-independent probe failures and TLS
 

@@ -122,6 +122,18 @@ pub fn http_plain(port: u16, method: &str, path: &str) -> std::io::Result<(u16, 
 /// fresh connection; returns the status and body. For servers that check signatures on
 /// every request, such as Ceph RGW's bucket creation.
 pub fn signed_plain(port: u16, method: &str, path: &str, access_key: &str, secret_key: &str) -> std::io::Result<(u16, String)> {
+    signed_request(port, method, path, b"", access_key, secret_key)
+}
+
+/// [`signed_plain`] with a body; `path` may carry a query of bare names (`/bucket?policy`).
+pub fn signed_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    access_key: &str,
+    secret_key: &str,
+) -> std::io::Result<(u16, String)> {
     use sha2::{Digest, Sha256};
     fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
         let mut block = [0u8; 64];
@@ -151,9 +163,13 @@ pub fn signed_plain(port: u16, method: &str, path: &str, access_key: &str, secre
     };
     let date = &datetime[..8];
     let host = format!("127.0.0.1:{port}");
-    let empty = hex(&Sha256::digest(b""));
+    let payload = hex(&Sha256::digest(body));
+    let (uri, query) = path.split_once('?').unwrap_or((path, ""));
+    let mut names: Vec<String> = query.split('&').filter(|q| !q.is_empty()).map(|q| if q.contains('=') { q.to_string() } else { format!("{q}=") }).collect();
+    names.sort();
+    let query = names.join("&");
     let canonical = format!(
-        "{method}\n{path}\n\nhost:{host}\nx-amz-content-sha256:{empty}\nx-amz-date:{datetime}\n\nhost;x-amz-content-sha256;x-amz-date\n{empty}"
+        "{method}\n{uri}\n{query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{datetime}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
     );
     let scope = format!("{date}/us-east-1/s3/aws4_request");
     let to_sign = format!("AWS4-HMAC-SHA256\n{datetime}\n{scope}\n{}", hex(&Sha256::digest(canonical.as_bytes())));
@@ -166,10 +182,12 @@ pub fn signed_plain(port: u16, method: &str, path: &str, access_key: &str, secre
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nx-amz-content-sha256: {empty}\r\nx-amz-date: {datetime}\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nx-amz-content-sha256: {payload}\r\nx-amz-date: {datetime}\r\n\
          Authorization: AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, \
-         Signature={signature}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+         Signature={signature}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
     )?;
+    s.write_all(body)?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     let status = text
@@ -272,6 +290,12 @@ pub enum Kind {
     /// Ceph RGW 16 (radosgw, beast frontend) on a one-node memstore cluster.
     Rgw,
 }
+
+/// The RGW user that owns nothing (`scripts/ceph-rgw.sh`): a bucket policy can grant it
+/// object access without s3:ListBucket.
+pub const RGW_NOLIST_USER: &str = "kvtier-nolist";
+pub const RGW_NOLIST_ACCESS_KEY: &str = "kvtier-rgw-nolist";
+pub const RGW_NOLIST_SECRET_KEY: &str = "kvtier-rgw-nolist-secret-8sQw";
 
 /// How long Ceph RGW may take to start (mon, OSD, radosgw and a user; 13-19 s idle).
 const RGW_READY_TIMEOUT: Duration = Duration::from_secs(240);
@@ -454,6 +478,7 @@ impl Server {
                 cmd = Command::new(ceph_rgw_script());
                 cmd.arg("run").arg(self.ceph_dir()).arg(port.to_string());
                 cmd.env("RGW_ACCESS_KEY", &self.access_key).env("RGW_SECRET_KEY", &self.secret_key);
+                cmd.env("RGW_NOLIST_ACCESS_KEY", RGW_NOLIST_ACCESS_KEY).env("RGW_NOLIST_SECRET_KEY", RGW_NOLIST_SECRET_KEY);
             }
         }
         cmd.stdout(log.try_clone().unwrap()).stderr(log);
