@@ -217,7 +217,11 @@ class _Harness:
             assert time.monotonic() < deadline, "the manager never settled"
 
     def _resolve(self, lookups: list[tuple[OffloadKey, ReqContext]]) -> list[LookupResult]:
-        """Looks each (key, ctx) up, once per step, until none answers RETRY."""
+        """Looks each (key, ctx) up until none answers RETRY: after each step, waits
+        until both kvtier tiers have answered every asked key, so that the manager
+        sees all answers in one pass (kvtier's answers to one step's checks may
+        arrive over several steps on a busy machine, which would otherwise split
+        the promotions vLLM's tests expect in one job into several)."""
         deadline = time.monotonic() + DEADLINE_S
         while True:
             results = [self.manager.lookup(k, c) for k, c in lookups]
@@ -225,7 +229,12 @@ class _Harness:
                 return results
             assert time.monotonic() < deadline, "lookups never resolved"
             self._simulate_on_schedule_end()
-            self._poll_interval()
+            asked = [(k, c) for (k, c), r in zip(lookups, results) if r is LookupResult.RETRY]
+            for tier in self._tiers():
+                while any(tier.lookup(k, c) is LookupResult.RETRY for k, c in asked):
+                    assert time.monotonic() < deadline, "kvtier never answered"
+                    tier.on_schedule_end(_step_ctx())
+                    self._poll_interval()
 
     def _poll_interval(self):
         import select
