@@ -83,10 +83,11 @@ fn default_known_keys() -> usize {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnCorrupt {
-    /// Fail the key; the object stays.
+    /// Fail the key; the object stays until the key's next store overwrites it.
     #[default]
     Fail,
-    /// Fail the key and delete the object, so that the next store rewrites it.
+    /// Fail the key and delete the object when two reads returned the same wrong bytes
+    /// (corrupt in the store, not in transit).
     FailAndDelete,
 }
 

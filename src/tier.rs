@@ -1131,15 +1131,20 @@ fn op_error(op: &str, name: &Path, e: &object_store::Error) -> Error {
 
 /// Loads one block. A checksum mismatch is read again through the general client before
 /// anything is concluded: corruption in transit (a bad link, middlebox or NIC) reads clean
-/// the second time, and the load succeeds with the verified bytes. Only a second mismatch
-/// means the object itself is corrupt: the key turns MISS for every later lookup of this
-/// tier, its next store overwrites the object, and `fail_and_delete` deletes it.
+/// the second time, and the load succeeds with the verified bytes. A second mismatch fails
+/// the key: it turns MISS for every later lookup of this tier and its next store overwrites
+/// the object. `fail_and_delete` deletes the object only when both reads returned the same
+/// bytes (corrupt in the store); two different wrong reads are corruption in transit.
 async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
     let first = match load_block_once(shared, key, name, pool, block).await {
         Err(e) if e.status == Status::Corrupt => e,
         other => return other,
     };
     log::warn!("{}; reading it again to tell corruption in the store from corruption in transit", first.message);
+    // The bytes of each read are in the block when it reports a mismatch.
+    // SAFETY: the block was bounds-checked at submit; the job owns it until reported.
+    let read_crc = || crc32c::crc32c(unsafe { std::slice::from_raw_parts(pool.block_ptr(block), pool.block_bytes()) });
+    let first_crc = read_crc();
     match load_block_object_store(shared, key, name, pool, block).await {
         Ok(()) => {
             log::warn!("block {name} read clean the second time: the first read was corrupted in transit");
@@ -1147,9 +1152,15 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
         }
         Err(second) if second.status == Status::Corrupt => {
             shared.stats.corrupt_blocks.fetch_add(1, Ordering::Relaxed);
-            log::warn!("block {name} is corrupt in the store (two reads failed its checksum)");
             shared.mark_corrupt(key);
-            if shared.config.on_corrupt == OnCorrupt::FailAndDelete {
+            // The same wrong bytes twice: the object itself is corrupt. Two different wrong
+            // reads are corruption in transit (or an object being rewritten): never deleted.
+            let same_bytes = read_crc() == first_crc;
+            log::warn!(
+                "block {name}: two reads failed its checksum{}",
+                if same_bytes { ", with the same bytes: corrupt in the store" } else { ", with different bytes" }
+            );
+            if shared.config.on_corrupt == OnCorrupt::FailAndDelete && same_bytes {
                 if let Err(e) = shared.store.delete(name).await {
                     log::warn!("could not delete corrupt block {name}: {e}");
                 }

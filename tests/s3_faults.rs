@@ -425,7 +425,8 @@ fn interrupted_puts_are_retried_in_every_dedup_mode(srv: &Server) {
 /// The first GET of every object comes back with one byte flipped by the proxy while the
 /// stored objects stay intact (corruption in transit). Under `fail_and_delete` the
 /// mismatch is read again, reads clean, and the load succeeds with verified bytes; no
-/// object is deleted. On the direct path and on the general client.
+/// object is deleted. With every read corrupted (each elsewhere) the keys fail and still
+/// no object is deleted. On the direct path and on the general client.
 fn in_transit_corruption_never_deletes(srv: &Server) {
     let front = Front::new(srv);
     for (run, direct) in [(0u64, true), (1, false)] {
@@ -438,17 +439,29 @@ fn in_transit_corruption_never_deletes(srv: &Server) {
         let ids: Vec<u64> = (0..4).map(|i| 300 + run * 10 + i).collect();
         tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&ids)).unwrap();
         assert!(wait_all(&tier, 1)[&1].succeeded(), "{what}");
+        let corrupted_before = front.proxy.stats().faults("corrupt_body");
         front.proxy.set_rule(first_of_each_object("GET", Fault::CorruptBody));
         tier.submit(JobKind::Load, 2, &[8, 9, 10, 11], keys(&ids)).unwrap();
         let r = wait_all(&tier, 1).remove(&2).unwrap();
         assert_eq!(r.key_status, vec![Status::Ok; 4], "{what}: {}", r.message);
         assert_loaded_bytes(&pool, &r, &[8, 9, 10, 11], &[0, 1, 2, 3]);
-        assert_eq!(front.proxy.stats().faults("corrupt_body"), 4 * (run + 1), "{what}");
+        assert_eq!(front.proxy.stats().faults("corrupt_body") - corrupted_before, 4, "{what}");
         assert_eq!(tier.stats().corrupt_blocks, 0, "{what}: {:?}", tier.stats());
         let direct_store = front.srv.store_json(&front.bucket);
         for (i, id) in ids.iter().enumerate() {
             let name = tier.layout().object_name(&key(*id)).unwrap();
             assert_eq!(oob_get(&direct_store, &name).as_deref(), Some(pool.block(i as u64)), "{what}: object {name}");
+        }
+        // Every read corrupted, each one elsewhere: the keys fail, and still nothing is
+        // deleted (two reads with different bytes are not corruption in the store).
+        front.proxy.set_rule(|r| if r.method == "GET" && r.path.contains(".bin") { Fault::CorruptBody } else { Fault::Pass });
+        tier.submit(JobKind::Load, 3, &[12, 13, 14, 15], keys(&ids)).unwrap();
+        let r = wait_all(&tier, 1).remove(&3).unwrap();
+        assert_eq!(r.key_status, vec![Status::Corrupt; 4], "{what}: {}", r.message);
+        front.proxy.set_rule(|_| Fault::Pass);
+        for (i, id) in ids.iter().enumerate() {
+            let name = tier.layout().object_name(&key(*id)).unwrap();
+            assert_eq!(oob_get(&direct_store, &name).as_deref(), Some(pool.block(i as u64)), "{what}: object {name} deleted");
         }
     }
 }

@@ -44,8 +44,8 @@ pub enum Fault {
     /// Forward (the server acts on the request), then hold the answer back for this long
     /// and close the connection: a stall the client times out on.
     StallResponse(Duration),
-    /// Forward; flip one byte in the middle of the response body (in-transit corruption;
-    /// the stored object is intact).
+    /// Forward; flip one byte of the response body, at an offset that differs from request
+    /// to request (in-transit corruption; the stored object is intact).
     CorruptBody,
     /// Forward; answer a 206 as a server that ignores Range would: `200 OK` without
     /// Content-Range, same body (true to life when the range covers the whole object).
@@ -529,7 +529,7 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
             (Fault::CorruptBody, Framing::Length(n)) if (200..300).contains(&status) => {
                 let mut body = Vec::with_capacity(n as usize);
                 copy_exact(from_server, &mut body, n)?;
-                body[n as usize / 2] ^= 0x20;
+                body[(n / 2 + info.seq.wrapping_mul(7919)) as usize % n as usize] ^= 0x20;
                 to_client.write_all(&response.raw)?;
                 to_client.write_all(&body)?;
                 to_client.flush()?;
