@@ -1484,20 +1484,21 @@ out:
     fixture_close(&a);
 }
 
-/* key_bytes 0 accepts any key length from 7 to 68 bytes; others fail with a result. */
+/* key_bytes 0 accepts any key length from 5 to 68 bytes (a 1..64-byte hash and the group);
+ * others fail with a result. */
 static void test_key_bytes_any(void)
 {
-    static const size_t lens[] = {7, 8, 20, 36, 68};
+    static const size_t lens[] = {5, 6, 7, 8, 20, 36, 68};
     fixture f;
     uint8_t keys[72]; /* room for the 69-byte key below */
     size_t i;
     owned_result r;
-    if (!fixture_open(&f, "local", 2 * 5, 4096, ",\"key_bytes\":0")) {
+    if (!fixture_open(&f, "local", 2 * 7, 4096, ",\"key_bytes\":0")) {
         fixture_close(&f);
         return;
     }
     for (i = 0; i < sizeof lens / sizeof lens[0]; i++) {
-        uint64_t src = i, dst = 5 + i, sid = 10 + i, lid = 20 + i;
+        uint64_t src = i, dst = 7 + i, sid = 10 + i, lid = 20 + i;
         rng_fill(keys, sizeof keys);
         CHECK_STATUS(kvt_tier_submit_store(f.tier, sid, &src, keys, lens[i], 1), KVT_STATUS_OK);
         if (!wait_ok(&f, &sid, 1, scaled_ms(5000))) {
@@ -1510,7 +1511,7 @@ static void test_key_bytes_any(void)
     }
     for (i = 0; i < 2; i++) {
         uint64_t src = 0, id = 30 + i;
-        size_t len = i == 0 ? 6 : 69;
+        size_t len = i == 0 ? 4 : 69;
         CHECKF(kvt_tier_submit_store(f.tier, id, &src, keys, len, 1) == KVT_STATUS_INVALID_ARGUMENT,
                "key length %zu", len);
         memset(&r, 0, sizeof r);
@@ -1552,7 +1553,7 @@ static void test_null_arrays_huge_num_keys(void)
  * them (a copy or an allocation of key_len * num_keys bytes would crash or abort). */
 static void test_huge_key_len(void)
 {
-    static const size_t lens[] = {SIZE_MAX, SIZE_MAX - 15, SIZE_MAX / 2, (size_t)1 << 40, 69, 6, 0};
+    static const size_t lens[] = {SIZE_MAX, SIZE_MAX - 15, SIZE_MAX / 2, (size_t)1 << 40, 69, 4, 0};
     fixture f;
     uint64_t ids[2] = {0, 1};
     uint8_t keys[2 * KEY_LEN];

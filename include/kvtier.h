@@ -288,7 +288,7 @@ enum kvt_status kvt_tier_register_memory(struct kvt_tier *tier,
 // Submits a job that stores block `block_ids[i]` under key `i` for `i < num_keys`.
 //
 // * `keys`: `num_keys` keys of `key_len` bytes each, back to back. A key is a block hash
-//   followed by a 4-byte big-endian group index: `key_len` is 7 to 68, and equals the
+//   followed by a 4-byte big-endian group index: `key_len` is 5 to 68, and equals the
 //   configured `key_bytes` unless that is 0. Any other `key_len`, however large, and a
 //   `num_keys` above KVT_MAX_KEYS_PER_JOB are KVT_STATUS_INVALID_ARGUMENT (with the
 //   job's one result); the arrays are not read then.
@@ -398,7 +398,7 @@ void kvt_tier_free(struct kvt_tier *tier);
 // them is finished with `kvt_tier_request_finished`. A load job that fails turns only its
 // failed keys into MISS for the requests holding them. `key` is borrowed for the call.
 // NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length
-// (outside 7..68, or not the configured `key_bytes`) is KVT_STATUS_INVALID_ARGUMENT and
+// (outside 5..68, or not the configured `key_bytes`) is KVT_STATUS_INVALID_ARGUMENT and
 // `key` is not read; `*out_result` is written only on success. Thread-safe.
 enum kvt_status kvt_tier_lookup(struct kvt_tier *tier,
                                 uint64_t req_id,

@@ -26,7 +26,7 @@ pub struct TierConfig {
     /// Namespace segment, e.g. vLLM's `<model>_<digest>_r<rank>` (see `namespace`).
     #[serde(default)]
     pub namespace: String,
-    /// Exact length of every key in bytes; 0 accepts any length from 7 to 68.
+    /// Exact length of every key in bytes; 0 accepts any length from 5 to 68.
     #[serde(default = "default_key_bytes")]
     pub key_bytes: usize,
     /// Worker threads of the tier's I/O runtime. Concurrency comes from in-flight
@@ -318,10 +318,15 @@ impl TierConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if self.key_bytes != 0 && !(7..=68).contains(&self.key_bytes) {
+        if self.key_bytes != 0 && crate::key::check_key_len(self.key_bytes).is_err() {
             return Err(Error::config(format!(
-                "key_bytes is {}; it must be 0 (any) or 7..=68 (a 3..=64 byte hash plus the 4-byte group)",
-                self.key_bytes
+                "key_bytes is {}; it must be 0 (any) or {}..={} (a {}..={} byte hash plus the {}-byte group)",
+                self.key_bytes,
+                crate::key::MIN_KEY_BYTES,
+                crate::key::MAX_KEY_BYTES,
+                crate::key::MIN_HASH_BYTES,
+                crate::key::MAX_HASH_BYTES,
+                crate::key::GROUP_BYTES
             )));
         }
         for (name, value, max) in [

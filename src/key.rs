@@ -12,8 +12,9 @@ use crate::error::{Error, Result};
 pub const GROUP_BYTES: usize = 4;
 /// Longest block hash accepted (covers every hash vLLM can be configured with).
 pub const MAX_HASH_BYTES: usize = 64;
-/// Shortest hash that still yields the 5 hex digits the layout shards on.
-pub const MIN_HASH_BYTES: usize = 3;
+/// Shortest hash accepted: vLLM's `make_offload_key` takes a hash of any length (its own
+/// tests use 1-byte hashes); an empty hash has no name in vLLM's layout.
+pub const MIN_HASH_BYTES: usize = 1;
 /// Shortest key: the shortest hash plus the group index.
 pub const MIN_KEY_BYTES: usize = MIN_HASH_BYTES + GROUP_BYTES;
 /// Longest key: the longest hash plus the group index.
@@ -95,9 +96,11 @@ impl KeyLayout {
             name.push_str(&self.base);
             name.push('/');
         }
-        name.push_str(&hex[0..3]);
+        // vLLM's shards are hex[:3] and hex[3:5], shorter (hex[3:5] empty) for hashes of
+        // under 3 bytes; neither segment is ever empty as a whole.
+        name.push_str(&hex[..hex.len().min(3)]);
         name.push('/');
-        name.push_str(&hex[3..5]);
+        name.push_str(&hex[hex.len().min(3)..hex.len().min(5)]);
         name.push_str("_g");
         name.push_str(&group.to_string());
         name.push('/');
@@ -184,18 +187,21 @@ mod tests {
         let layout = KeyLayout::new("", "").unwrap();
         let key = make_key(&[0x00, 0x01, 0x02], 0);
         assert_eq!(layout.object_name(&key).unwrap(), "000/10_g0/000102.bin");
+        // Short hashes, named as vLLM's FileMapper names them (f"{h[:3]}/{h[3:5]}_g{g}/{h}.bin").
+        assert_eq!(layout.object_name(&make_key(&[0x31], 0)).unwrap(), "31/_g0/31.bin");
+        assert_eq!(layout.object_name(&make_key(&[0xab, 0xcd], 2)).unwrap(), "abc/d_g2/abcd.bin");
         assert_eq!(layout.probe_name(), "__kvtier_probe__/connectivity_test");
     }
 
     #[test]
     fn rejects_bad_keys_and_segments() {
-        assert_eq!(split_key(&[1, 2, 3, 4, 5, 6]).unwrap_err().status, crate::error::Status::InvalidArgument);
+        assert_eq!(split_key(&[1, 2, 3, 4]).unwrap_err().status, crate::error::Status::InvalidArgument);
         assert!(split_key(&[0u8; 69]).is_err());
         assert!(split_key(&[0u8; 68]).is_ok());
-        for len in [0, 6, 69, 1 << 40, (1 << 63) - 1, usize::MAX - 15, usize::MAX] {
+        for len in [0, 4, 69, 1 << 40, (1 << 63) - 1, usize::MAX - 15, usize::MAX] {
             assert_eq!(check_key_len(len).unwrap_err().status, crate::error::Status::InvalidArgument, "{len}");
         }
-        for len in [7, 36, 68] {
+        for len in [5, 6, 7, 36, 68] {
             check_key_len(len).unwrap();
         }
         assert!(KeyLayout::new("ok", "..").is_err());

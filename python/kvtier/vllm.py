@@ -497,6 +497,39 @@ def _metrics_module() -> Any:
     return importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics")
 
 
+@dataclasses.dataclass
+class _PendingJob:
+    """One of vLLM's jobs: its keys, and what its library jobs reported so far."""
+
+    kind: JobKind
+    keys: tuple
+    parts: int  # library jobs still in flight
+    ok: bool = True
+    done: set = dataclasses.field(default_factory=set)  # keys that succeeded
+    nbytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, *, ok: bool, done: Iterable, nbytes: int, seconds: float) -> None:
+        self.parts -= 1
+        self.ok = self.ok and ok
+        self.done.update(done)
+        self.nbytes += nbytes
+        self.seconds = max(self.seconds, seconds)
+
+    def result(self, job_id: int) -> Any:
+        successful = None
+        if self.kind is JobKind.LOAD and not self.ok:
+            # The keys that did load, in job order; None (all failed) when there are none.
+            successful = tuple(k for k in self.keys if k in self.done) or None
+        return JobResult(
+            job_id=job_id,
+            success=self.ok,
+            successful_keys=successful,
+            transfer_time=self.seconds,
+            transfer_bytes=self.nbytes,
+        )
+
+
 class KvtierTier(_Base):
     """A vLLM secondary tier backed by kvtier (S3-compatible stores, or a local directory).
 
@@ -544,7 +577,10 @@ class KvtierTier(_Base):
         super().__init__(offloading_spec, view, tier_type, backpressure_detector)
         self._tier: Tier | None = None
         self._closed = False
-        self._jobs: dict[int, tuple[JobKind, tuple]] = {}
+        # vLLM's jobs in flight, and the library jobs (one per key length) each consists of.
+        self._jobs: dict[int, _PendingJob] = {}
+        self._parts: dict[int, tuple[int, list]] = {}  # library job id -> (vLLM job id, its keys)
+        self._next_part_id = itertools.count(1)
         self._early: list = []  # results of jobs that never reached the library
         self._req_ids: dict[Any, int] = {}
         self._next_req_id = itertools.count(1)
@@ -687,50 +723,64 @@ class KvtierTier(_Base):
             self._fail_early(job_id, "the tier is shut down")
             return
         try:
-            submit = self._tier.submit_store if kind is JobKind.STORE else self._tier.submit_load
-            slots = job.chunk_ids
-            self._jobs[job_id] = (kind, keys)
-            submit(job_id, slots, keys)
-        except DuplicateJobError as exc:
-            self._jobs.pop(job_id, None)
-            logger.error("job %d: %s", job_id, exc)
-        except KvtierError as exc:
-            # Rejected by the library: its one failed result comes from the next poll.
-            logger.warning("%s job %d rejected: %s", kind.name.lower(), job_id, exc)
+            slots = [int(s) for s in job.chunk_ids]
+            if len(slots) != len(keys):
+                raise ValueError(f"{len(keys)} keys but {len(slots)} chunk ids")
         except Exception as exc:  # never reached the library: report the failure here
-            self._jobs.pop(job_id, None)
             self._fail_early(job_id, str(exc))
+            return
+        # A library job has keys of one length; vLLM's keys have the length of their hash,
+        # which may differ within a job (vLLM's own tests mix 1- and 2-byte hashes). Each
+        # length becomes one library job; vLLM sees one result when all of them finished.
+        by_length: dict[int, tuple[list, list]] = {}
+        for key, slot in zip(keys, slots):
+            part_slots, part_keys = by_length.setdefault(len(key), ([], []))
+            part_slots.append(slot)
+            part_keys.append(key)
+        pending = self._jobs[job_id] = _PendingJob(kind, keys, parts=len(by_length))
+        submit = self._tier.submit_store if kind is JobKind.STORE else self._tier.submit_load
+        for part_slots, part_keys in by_length.values():
+            part_id = next(self._next_part_id)
+            self._parts[part_id] = (job_id, part_keys)
+            try:
+                submit(part_id, part_slots, part_keys)
+            except KvtierError as exc:
+                # Rejected by the library: its one failed result comes from the next poll.
+                logger.warning("%s job %d rejected: %s", kind.name.lower(), job_id, exc)
+            except Exception as exc:  # never reached the library: fail this part here
+                del self._parts[part_id]
+                logger.warning("%s job %d failed at submission: %s", kind.name.lower(), job_id, exc)
+                pending.add(ok=False, done=(), nbytes=0, seconds=0.0)
+        self._finish_if_done(job_id)
 
     def _fail_early(self, job_id: int, why: str) -> None:
         logger.warning("job %d failed at submission: %s", job_id, why)
         self._early.append(JobResult(job_id=job_id, success=False, transfer_time=0.0, transfer_bytes=0))
 
+    def _finish_if_done(self, job_id: int) -> None:
+        pending = self._jobs.get(job_id)
+        if pending is not None and pending.parts == 0:
+            del self._jobs[job_id]
+            self._early.append(pending.result(job_id))
+
     def get_finished_jobs(self) -> list:
         """Every job finished since the last call, each exactly once."""
+        if self._tier is not None:
+            for outcome in self._tier.poll():
+                job_id, part_keys = self._parts.pop(outcome.job_id, (None, ()))
+                pending = self._jobs.get(job_id) if job_id is not None else None
+                if pending is None:
+                    logger.error("kvtier reported job %d, which this tier did not submit", outcome.job_id)
+                    continue
+                if outcome.ok:
+                    done = part_keys
+                else:
+                    logger.debug("%s job %d failed: %s", pending.kind.name.lower(), job_id, outcome.message)
+                    statuses = outcome.key_status if len(outcome.key_status) == len(part_keys) else ()
+                    done = [k for k, st in zip(part_keys, statuses) if st == Status.OK]
+                pending.add(ok=outcome.ok, done=done, nbytes=outcome.bytes, seconds=outcome.seconds)
+                self._finish_if_done(job_id)
         results, self._early = self._early, []
-        if self._tier is None:
-            return results
-        for outcome in self._tier.poll():
-            info = self._jobs.pop(outcome.job_id, None)
-            if info is None:
-                logger.error("kvtier reported job %d, which this tier did not submit", outcome.job_id)
-                continue
-            kind, keys = info
-            successful = None
-            if kind is JobKind.LOAD and not outcome.ok and len(outcome.key_status) == len(keys):
-                loaded = tuple(k for k, s in zip(keys, outcome.key_status) if s == Status.OK)
-                successful = loaded or None
-            if not outcome.ok:
-                logger.debug("%s job %d failed: %s", kind.name.lower(), outcome.job_id, outcome.message)
-            results.append(
-                JobResult(
-                    job_id=outcome.job_id,
-                    success=outcome.ok,
-                    successful_keys=successful,
-                    transfer_time=outcome.seconds,
-                    transfer_bytes=outcome.bytes,
-                )
-            )
         return results
 
     def has_pending_work(self) -> bool:
@@ -779,6 +829,7 @@ class KvtierTier(_Base):
         self._closed = True
         tier, self._tier = self._tier, None
         self._jobs.clear()
+        self._parts.clear()
         self._early.clear()
         self._req_ids.clear()
         if tier is not None:

@@ -244,7 +244,7 @@ def test_18_every_job_id_comes_back_exactly_once_and_submission_failures_never_r
         ("store", job(1, [k[1]], [99])),  # slot out of range
         ("store", job(2, [k[2]], [-1])),  # negative slot
         ("load", job(3, [k[0], k[1]], [4, 4])),  # one slot twice in a load
-        ("store", job(4, [b"short"], [1])),  # malformed key
+        ("store", job(4, [b"\0\0\0\0"], [1])),  # malformed key: a group index and no hash
         ("load", job(5, [k[3]], [6])),  # object absent
         ("store", job(6, [], [])),  # empty job: completes at once
     ]
@@ -547,11 +547,13 @@ def test_store_config_translation():
 
 
 def test_keys_of_other_hash_lengths_are_accepted(store, make_tier):
-    """vLLM's key is hash + 4 bytes; xxhash makes 8-byte hashes, sha256 32."""
+    """vLLM's key is hash + 4 bytes, the hash of any length: xxhash makes 8 bytes, sha256
+    32, and vLLM's own tests use 1-byte hashes."""
     tier, pool = make_tier()
-    short = os.urandom(8) + (1).to_bytes(4, "big")
-    assert store_blocks(tier, pool, 0, {short: 0}).success
-    assert resolve(tier, short, "a") is LookupResult.HIT
+    for slot, hash_bytes in enumerate((1, 2, 3, 8, 64)):
+        key = os.urandom(hash_bytes) + (1).to_bytes(4, "big")
+        assert store_blocks(tier, pool, slot, {key: slot}).success, hash_bytes
+        assert resolve(tier, key, "a") is LookupResult.HIT, hash_bytes
 
 
 def test_construction_failure_releases_everything(tmp_path):
@@ -575,3 +577,22 @@ def test_unreachable_store_fails_construction_with_an_actionable_message(tmp_pat
     assert isinstance(info.value, RuntimeError)  # as vLLM's obj tier raises
     assert "endpoint_override" in str(info.value)
     assert "s3cr3t" not in str(info.value) and "AKIDEXAMPLE" not in str(info.value)
+
+
+def test_a_job_mixing_hash_lengths_has_one_result_with_its_loaded_keys(store, make_tier):
+    """vLLM's keys have the length of their hash, and one job may mix lengths."""
+    tier, pool = make_tier(num_slots=8)
+    group = (0).to_bytes(4, "big")
+    keys = [b"\x01" + group, make_key(1), b"\x02\x03" + group]
+    r = store_blocks(tier, pool, 0, {k: i for i, k in enumerate(keys)})
+    assert r.success and r.transfer_bytes == 3 * ROW
+    missing = b"\x04\x05" + group
+    load_keys = [keys[0], missing, keys[1], keys[2]]
+    tier.submit_load(job(1, load_keys, [4, 5, 6, 7], promotion=True))
+    (result,) = collect(tier, [1]).values()
+    assert not result.success
+    assert tuple(result.successful_keys) == (keys[0], keys[1], keys[2])  # in job order
+    assert result.transfer_bytes == 3 * ROW
+    for slot, key in zip([4, 6, 7], keys):
+        assert np.array_equal(pool[slot], pattern(key, ROW))
+    assert tier.get_finished_jobs() == [] and not tier.has_pending_work()

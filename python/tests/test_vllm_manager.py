@@ -175,6 +175,20 @@ def test_cascade_then_a_second_engine_promotes_byte_exact(engines):
     assert kvtier_tier(reader).kvtier_stats()["keys_loaded"] == 6
 
 
+def test_keys_of_short_hashes_as_vllms_own_tests_make_them(engines):
+    """make_offload_key takes a hash of any length; vLLM's tier tests use 1-2 byte ones."""
+    writer = engines()
+    keys = [make_offload_key(str(i).encode(), 0) for i in range(12)]
+    blocks = blocks_for(writer, keys)
+    writer.store("w", blocks)
+    writer.settle()
+    assert kvtier_tier(writer).kvtier_stats()["keys_stored"] == 12
+    reader = engines()
+    assert set(reader.promote(keys, "r").values()) == {LookupResult.HIT}
+    for key, row in zip(keys, reader.read(keys, "r")):
+        assert np.array_equal(row, blocks[key])
+
+
 def test_absent_chunks_retry_then_miss(engines):
     engine = engines()
     absent = [chunk_key(i, "absent") for i in range(3)]
