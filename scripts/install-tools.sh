@@ -60,6 +60,13 @@ if ! command -v openssl >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openssl
 fi
 
+# cmake and pkg-config -------------------------------------------------------------------
+# scripts/test-install.sh builds the C examples against an installed prefix with both.
+if ! command -v cmake >/dev/null 2>&1 || ! command -v pkg-config >/dev/null 2>&1; then
+    say "installing cmake and pkg-config"
+    apt-get update -qq && apt-get install -y -qq cmake pkg-config
+fi
+
 # Ceph RGW -------------------------------------------------------------------------------
 # radosgw, ceph-mon and ceph-osd (Debian's 16.2) for the third real S3 server of the tests:
 # scripts/ceph-rgw.sh runs a one-node cluster from them (memstore, loopback, no service).

@@ -47,7 +47,7 @@ TAG=${BASH_REMATCH[1]}
 GLIBC_FLOOR="${BASH_REMATCH[2]}.${BASH_REMATCH[3]}"
 "$ROOT/tools/packaging-venv/bin/auditwheel" show "$WHEEL" >"$ROOT/target/wheels/auditwheel-show-built.txt" 2>&1 ||
     fail "auditwheel show failed: $(cat "$ROOT/target/wheels/auditwheel-show-built.txt")"
-tr '\n' ' ' <"$ROOT/target/wheels/auditwheel-show-built.txt" | grep -q "consistent with the following platform tag: \"$TAG\"" ||
+grep -q "consistent with the following platform tag: \"$TAG\"" <<<"$(tr '\n' ' ' <"$ROOT/target/wheels/auditwheel-show-built.txt")" ||
     fail "auditwheel does not find $NAME consistent with $TAG: $(cat "$ROOT/target/wheels/auditwheel-show-built.txt")"
 say "auditwheel: consistent with $TAG (glibc >= $GLIBC_FLOOR)"
 

@@ -28,6 +28,7 @@ suite() {
 suite install-tools scripts/install-tools.sh
 suite rust cargo test --release --no-fail-fast
 suite ffi bash ffi-tests/run.sh
+suite install bash scripts/test-install.sh
 suite python scripts/test-python.sh
 suite wheel bash scripts/test-wheel.sh
 suite nixl-interop tools/venv/bin/python -m pytest tests/interop -q -p no:cacheprovider
