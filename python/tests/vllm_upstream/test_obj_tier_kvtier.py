@@ -56,7 +56,6 @@ import numpy as np
 import pytest
 import torch
 from upstream_support import (
-    DEADLINE_S,
     Store,
     clear_rows,
     drain,
@@ -85,7 +84,7 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
-from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
+from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.manager import (
     CPUPrimaryTierOffloadingManager,
     TieringOffloadingManager,

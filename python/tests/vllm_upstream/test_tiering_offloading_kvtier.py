@@ -44,7 +44,6 @@ Left out, "manager internals, no tier involved":
 """
 
 import time
-from collections.abc import Iterable
 from types import SimpleNamespace
 from unittest.mock import MagicMock, patch
 
@@ -60,9 +59,6 @@ from upstream_support import (
     wait_io,
 )
 
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-    OffloadingConnectorStats,
-)
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,

@@ -25,17 +25,14 @@ import http.client
 import http.server
 import os
 import re
-import socket
 import sys
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 _HERE = Path(__file__).resolve().parent
 try:
@@ -43,8 +40,6 @@ try:
 except ImportError:  # a checkout without PYTHONPATH=python
     sys.path.insert(0, str(_HERE.parents[1]))
     import kvtier  # noqa: F401
-
-pytest.importorskip("vllm.v1.kv_offload.tiering.base", reason="needs vLLM 0.33 (scripts/install-tools.sh)")
 
 import numpy as np  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
