@@ -45,7 +45,7 @@ import logging
 import time
 from typing import Any, Iterable, Mapping
 
-from .errors import ConfigError, DuplicateJobError, KvtierError, Status, TimedOutError
+from .errors import ConfigError, KvtierError, Status, TimedOutError
 from .tier import JobKind, Tier, vllm_namespace
 from .tier import version as kvtier_version
 from .tier import LookupResult as _KvtLookup
