@@ -379,6 +379,7 @@ fn non_ascii_round_trip(srv: &Server, bucket: &str, directs: &[bool]) {
 /// same one probe object behind (a fixed name per prefix), and a leftover does not stop
 /// the next start from finding that the store honours If-None-Match.
 fn probe_leftovers_do_not_accumulate_when_delete_is_denied(srv: &Server) {
+    count_probe_delete_warnings();
     let bucket = srv.new_bucket();
     let proxy = Proxy::start(srv.port());
     // object_store deletes with a bulk-delete POST (`?delete`); a plain DELETE is refused too.
@@ -405,6 +406,31 @@ fn probe_leftovers_do_not_accumulate_when_delete_is_denied(srv: &Server) {
         listed.into_iter().map(|m| m.location.to_string()).collect::<Vec<_>>()
     });
     assert_eq!(leftovers.len(), 1, "{}: {leftovers:?}", srv.name());
+    // Warned about once per process, whichever test's start was refused first.
+    assert_eq!(PROBE_DELETE_WARNINGS.load(std::sync::atomic::Ordering::SeqCst), 1, "{}", srv.name());
+}
+
+static PROBE_DELETE_WARNINGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts the library's warnings about a probe object it could not delete.
+fn count_probe_delete_warnings() {
+    struct Counter;
+    impl log::Log for Counter {
+        fn enabled(&self, metadata: &log::Metadata) -> bool {
+            metadata.level() <= log::Level::Warn
+        }
+        fn log(&self, record: &log::Record) {
+            if record.args().to_string().contains("cannot delete the start-up probe object") {
+                PROBE_DELETE_WARNINGS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        fn flush(&self) {}
+    }
+    static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        log::set_boxed_logger(Box::new(Counter)).unwrap();
+        log::set_max_level(log::LevelFilter::Warn);
+    });
 }
 
 on_both_servers!(
