@@ -28,9 +28,9 @@ What changes because kvtier is a real, asynchronous tier:
   is read out of the primary view (prepare_load) and compared with the stored object.
 
 Short hashes: vLLM keys these tests' chunks by ``make_offload_key(str(i).encode(), 0)``
-(1-2 byte hashes). While libkvtier refuses hashes under 3 bytes, the tests are expected
-failures (strict xfail, see conftest.py); ``KVTIER_UPSTREAM_PAD_HASHES=1`` runs them
-with 4+ byte hashes to check everything else.
+(1-2 byte hashes), and so do these tests. A libkvtier from before short hashes were
+accepted makes them strict expected failures (see conftest.py); there,
+``KVTIER_UPSTREAM_PAD_HASHES=1`` runs them with 4+ byte hashes to check everything else.
 
 Left out, "manager internals, no tier involved":
 
