@@ -191,8 +191,9 @@ def load() -> ctypes.CDLL:
         hint = (
             "KVTIER_LIBRARY is set but unusable"
             if os.environ.get("KVTIER_LIBRARY")
-            else "install the package with `pip install ./python` (it builds and bundles the "
-            "library), build it with `cargo build --release --lib`, or set KVTIER_LIBRARY"
+            else "install the kvtier wheel (it bundles the library; `scripts/build-wheel.sh` "
+            "builds it) or `pip install ./python` from a checkout, build the library with "
+            "`cargo build --release --lib`, or set KVTIER_LIBRARY"
         )
         raise OSError(f"cannot load {LIBRARY_FILE}: tried " + "; ".join(tried) + f". {hint}")
 
