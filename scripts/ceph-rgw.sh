@@ -174,11 +174,14 @@ EOF
 
     # The OSD: created, given its place in the crush map by us (its own update at start
     # is switched off), then started.
-    ceph_ osd create "$osd_uuid" 0 >/dev/null
+    # A monitor that answers `mon stat` may still refuse commands for a moment on a busy
+    # machine ("EPERM: problem getting command descriptions"): each (idempotent) command
+    # is repeated until it succeeds.
+    wait_for 60 "osd create" ceph_ osd create "$osd_uuid" 0
     ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" >>"$DIR/log/setup.out" 2>&1 || die "ceph-osd --mkfs failed (see $DIR/log)"
-    ceph_ osd crush add-bucket node1 host >/dev/null
-    ceph_ osd crush move node1 root=default >/dev/null
-    ceph_ osd crush add osd.0 1.0 host=node1 >/dev/null
+    wait_for 60 "crush add-bucket" ceph_ osd crush add-bucket node1 host
+    wait_for 60 "crush move" ceph_ osd crush move node1 root=default
+    wait_for 60 "crush add" ceph_ osd crush add osd.0 1.0 host=node1
     daemon ceph-osd -c "$CONF" -f -i 0
     wait_for 60 "the OSD" osd_up
 

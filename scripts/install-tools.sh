@@ -43,6 +43,8 @@ if ! command -v moto_server >/dev/null 2>&1 && [[ ! -x "$TOOLS/venv/bin/moto_ser
     pip_install "moto[server]>=5.1,<6"
 fi
 has pytest || pip_install "pytest>=8"
+# boto3: the Python tests create their bucket on Ceph RGW, which checks signatures.
+has boto3 || pip_install boto3
 # The real vLLM, whose tiering manager drives kvtier's tier in the Python tests.
 if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '$VLLM_VERSION')" 2>/dev/null; then
     say "installing vllm==$VLLM_VERSION with its dependencies (about 5 GB to download, 9 GB on disk; once)"

@@ -1,9 +1,11 @@
-"""Real S3 servers for the contract tests: s3s-fs and moto_server on free loopback ports.
+"""Real S3 servers for the contract tests: s3s-fs, moto_server and Ceph RGW on free
+loopback ports.
 
-``start_all()`` starts both (s3s-fs from the project's ``tools/bin``, installed by
-``scripts/install-tools.sh``; moto_server from the PATH or ``tools/venv``), creates one
-bucket on each, and returns vLLM ``store_config`` dicts for them. The servers are killed
-when the Python process exits.
+``start_all()`` starts them (s3s-fs from the project's ``tools/bin``, installed by
+``scripts/install-tools.sh``; moto_server from the PATH or ``tools/venv``; a one-node Ceph
+cluster with radosgw from ``scripts/ceph-rgw.sh run``), creates one bucket on each, and
+returns vLLM ``store_config`` dicts for them. The servers are killed when the Python
+process exits (the Ceph daemons die with their supervising script).
 """
 
 from __future__ import annotations
@@ -78,6 +80,39 @@ def _stop_all() -> None:
         child.wait()
 
 
+def _start_rgw() -> dict:
+    """A one-node Ceph cluster with radosgw; returns its endpoint and the S3 user's keys."""
+    script = ROOT / "scripts" / "ceph-rgw.sh"
+    cluster = Path(tempfile.mkdtemp(prefix="kvtier-ceph-rgw-"))
+    atexit.register(shutil.rmtree, cluster, True)
+    port = _free_port()
+    log = open(cluster / "supervisor.out", "wb")
+    child = subprocess.Popen(["bash", str(script), "run", str(cluster), str(port)], stdout=log,
+                             stderr=subprocess.STDOUT)
+    _children.append(child)
+    env_file = cluster / "env"
+    deadline = time.monotonic() + 240
+    while not env_file.exists():  # written once the cluster serves S3 and has its users
+        if child.poll() is not None or time.monotonic() > deadline:
+            log.flush()
+            tail = (cluster / "supervisor.out").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"Ceph RGW did not start:\n{tail}")
+        time.sleep(0.2)
+    values = dict(line.split("=", 1) for line in env_file.read_text().split() if "=" in line)
+    return {"endpoint": values["RGW_ENDPOINT"], "access_key": values["RGW_ACCESS_KEY"],
+            "secret_key": values["RGW_SECRET_KEY"]}
+
+
+def _create_bucket_signed(endpoint: str, access_key: str, secret_key: str) -> None:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", aws_access_key_id=access_key,
+                          aws_secret_access_key=secret_key, region_name="us-east-1",
+                          config=Config(s3={"addressing_style": "path"}))
+    client.create_bucket(Bucket=BUCKET)
+
+
 def start_all() -> list[dict]:
     s3s_fs = _find("s3s-fs", ROOT / "tools" / "bin" / "s3s-fs")
     moto = _find("moto_server", ROOT / "tools" / "venv" / "bin" / "moto_server")
@@ -95,7 +130,11 @@ def start_all() -> list[dict]:
         raise RuntimeError(f"moto: creating bucket {BUCKET} answered {status}")
     common = {"bucket": BUCKET, "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
               "region": "us-east-1"}
+    rgw = _start_rgw()
+    _create_bucket_signed(rgw["endpoint"], rgw["access_key"], rgw["secret_key"])
     return [
         dict(common, endpoint_override=f"127.0.0.1:{s3s_port}", _id="s3s-fs"),
         dict(common, endpoint_override=f"127.0.0.1:{moto_port}", _id="moto"),
+        dict(common, endpoint_override=rgw["endpoint"], access_key=rgw["access_key"],
+             secret_key=rgw["secret_key"], _id="ceph-rgw"),
     ]

@@ -121,17 +121,20 @@ def test_12_negative_verdicts_are_sticky_while_held(store, make_tier):
 
 
 def test_13_finish_while_in_flight_then_a_new_request_rechecks(store, make_tier):
-    tier, pool = make_tier()
+    # One I/O thread and one check at a time: a later check runs only after an earlier one
+    # answered, so a later answer proves the earlier one arrived.
+    store_config = dict(store.store_config, max_inflight_lookups=1)
+    tier, pool = make_tier(io_threads=1, store_config=store_config)
     key = make_key(9)
     assert store_blocks(tier, pool, 0, {key: 0}).success
     assert tier.lookup(key, ctx("a")) is LookupResult.RETRY
     tier.on_schedule_end(None)  # check in flight
     tier.on_request_finished(ctx("a"))  # finished before the answer was seen
     deadline = time.monotonic() + 30
-    while tier.kvtier_stats()["existence_checks"] < 1:  # the orphaned check has run
+    while tier.kvtier_stats()["existence_checks"] < 1:  # the orphaned check has started
         assert time.monotonic() < deadline, "the existence check never ran"
         wait_for_io(tier, LOOKUP_POLL_S)
-    # Its answer is sent as it ran; a later check's full round trip lands after it.
+    # c's check waits for the orphaned one's answer: once c resolves, that answer is in.
     assert resolve(tier, make_key(10), "c") is LookupResult.MISS
     assert tier.lookup(key, ctx("b")) is LookupResult.RETRY  # state was dropped with a
     tier.on_schedule_end(None)

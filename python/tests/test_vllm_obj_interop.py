@@ -234,7 +234,16 @@ def test_both_tiers_map_keys_to_one_object_name(engines, s3_store, blocks_per_ch
 # -- the exchange --------------------------------------------------------------------------
 
 
-def test_kvtier_finds_and_loads_what_vllms_obj_tier_stored(engines, blocks_per_chunk):
+@pytest.fixture
+def obj_tier_writes(request):
+    """Skips Ceph RGW where vLLM's obj tier has to write: its PUTs fail there (NIXL reports
+    NIXL_ERR_BACKEND), as RGW 16 rejects the AWS SDK's STREAMING-UNSIGNED-PAYLOAD-TRAILER
+    uploads. kvtier's writes and the obj tier's reads work on RGW."""
+    if "ceph-rgw" in request.node.callspec.id:
+        pytest.skip("vLLM's obj tier (NIXL, AWS SDK trailer uploads) cannot write to Ceph RGW 16")
+
+
+def test_kvtier_finds_and_loads_what_vllms_obj_tier_stored(engines, blocks_per_chunk, obj_tier_writes):
     exchange(engines, "obj", "kvtier", salt=f"obj-to-kvtier-{blocks_per_chunk}")
 
 
@@ -242,7 +251,7 @@ def test_vllms_obj_tier_finds_and_loads_what_kvtier_stored(engines, blocks_per_c
     exchange(engines, "kvtier", "obj", salt=f"kvtier-to-obj-{blocks_per_chunk}")
 
 
-def test_both_directions_on_one_bucket_at_once(engines, blocks_per_chunk):
+def test_both_directions_on_one_bucket_at_once(engines, blocks_per_chunk, obj_tier_writes):
     """Each engine stores its own chunks, then each loads the other's: both engines live
     side by side on the same prefix, as two deployments sharing a bucket would."""
     obj = engines("obj")
