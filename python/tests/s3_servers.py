@@ -81,7 +81,20 @@ def _stop_all() -> None:
 
 
 def _start_rgw() -> dict:
-    """A one-node Ceph cluster with radosgw; returns its endpoint and the S3 user's keys."""
+    """A one-node Ceph cluster with radosgw; returns its endpoint and the S3 user's keys.
+
+    A cluster that fails to come up (a busy machine can make its start-up miss a deadline)
+    is stopped and started afresh, up to three times."""
+    errors = []
+    for _ in range(3):
+        try:
+            return _start_rgw_once()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+    raise RuntimeError("Ceph RGW did not start in three attempts; the last:\n" + errors[-1])
+
+
+def _start_rgw_once() -> dict:
     script = ROOT / "scripts" / "ceph-rgw.sh"
     cluster = Path(tempfile.mkdtemp(prefix="kvtier-ceph-rgw-"))
     atexit.register(shutil.rmtree, cluster, True)
@@ -89,15 +102,18 @@ def _start_rgw() -> dict:
     log = open(cluster / "supervisor.out", "wb")
     child = subprocess.Popen(["bash", str(script), "run", str(cluster), str(port)], stdout=log,
                              stderr=subprocess.STDOUT)
-    _children.append(child)
     env_file = cluster / "env"
     deadline = time.monotonic() + 240
     while not env_file.exists():  # written once the cluster serves S3 and has its users
         if child.poll() is not None or time.monotonic() > deadline:
+            child.kill()  # its daemons die with it
+            child.wait()
             log.flush()
-            tail = (cluster / "supervisor.out").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"Ceph RGW did not start:\n{tail}")
+            text = (cluster / "supervisor.out").read_text(errors="replace")
+            reasons = [line for line in text.splitlines() if line.startswith("ceph-rgw:")]
+            raise RuntimeError("\n".join(reasons) + "\n" + text[-2000:])
         time.sleep(0.2)
+    _children.append(child)
     values = dict(line.split("=", 1) for line in env_file.read_text().split() if "=" in line)
     return {"endpoint": values["RGW_ENDPOINT"], "access_key": values["RGW_ACCESS_KEY"],
             "secret_key": values["RGW_SECRET_KEY"]}
@@ -113,7 +129,18 @@ def _create_bucket_signed(endpoint: str, access_key: str, secret_key: str) -> No
     client.create_bucket(Bucket=BUCKET)
 
 
+_started: list[dict] | None = None
+
+
 def start_all() -> list[dict]:
+    """The servers of this process, started on the first call (later calls share them)."""
+    global _started
+    if _started is None:
+        _started = _start_all()
+    return [dict(c) for c in _started]
+
+
+def _start_all() -> list[dict]:
     s3s_fs = _find("s3s-fs", ROOT / "tools" / "bin" / "s3s-fs")
     moto = _find("moto_server", ROOT / "tools" / "venv" / "bin" / "moto_server")
     root = Path(tempfile.mkdtemp(prefix="kvtier-s3s-fs-"))
