@@ -16,7 +16,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS="$ROOT/tools"
 S3S_VERSION=0.14.1
-VLLM_VERSION=0.33.0
+VLLM_REQUIREMENT="vllm==0.33.0"
+VLLM_VERSION=${VLLM_REQUIREMENT#vllm==}
 NIXL_VERSION=1.5.1
 PYTHON=${PYTHON:-python3}
 
@@ -47,8 +48,8 @@ has pytest || pip_install "pytest>=8"
 has boto3 || pip_install boto3
 # The real vLLM, whose tiering manager drives kvtier's tier in the Python tests.
 if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '$VLLM_VERSION')" 2>/dev/null; then
-    say "installing vllm==$VLLM_VERSION with its dependencies (about 5 GB to download, 9 GB on disk; once)"
-    pip_install "vllm==$VLLM_VERSION"
+    say "installing $VLLM_REQUIREMENT with its dependencies (about 5 GB to download, 9 GB on disk; once)"
+    pip_install "$VLLM_REQUIREMENT"
 fi
 # NIXL's Python API with its OBJ (S3) plugin; its CUDA dependencies are not needed here.
 # The CUDA 12 build: the CUDA 13 build's OBJ plugin links libcuobjclient, which no

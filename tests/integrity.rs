@@ -169,8 +169,9 @@ fn conditional_put_across_tier_instances_uploads_once() {
     let b = setup(&local_config(dir.path(), ""), 2, BLOCK);
     assert!(run(&a.tier, JobKind::Store, 1, &[0], &[8]).succeeded());
     let path = object_path(dir.path(), &a.tier, 8);
-    let before = std::fs::metadata(&path).unwrap().modified().unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    // A rewrite would give the file a new modification time: start from one far in the past.
+    let before = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(before).unwrap();
     for job in 0..3 {
         assert!(run(&b.tier, JobKind::Store, job, &[1], &[8]).succeeded());
     }
