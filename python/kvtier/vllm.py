@@ -399,17 +399,17 @@ def derive_namespace(spec: Any) -> str | None:
     With vLLM installed, the namespace is read off vLLM's own FileMapper and checked
     against kvtier's computation from the same field set (``kvt_vllm_namespace``).
     """
-    derived = namespace_fields(spec)
-    if derived is None:
+    if spec is None:
         return None
-    fields, rank = derived
-    namespace = vllm_namespace(fields, rank)
-    if HAVE_VLLM:
-        mapper = _vllm_file_mapper(spec)
-        theirs = f"{mapper.base_path.rstrip('/').rsplit('/', 1)[-1]}_r{mapper.rank}"
-        if theirs != namespace:
-            logger.warning("namespace %r differs from vLLM's %r; using vLLM's", namespace, theirs)
-            namespace = theirs
+    if not HAVE_VLLM:
+        derived = _fields_from_config(spec)
+        return None if derived is None else vllm_namespace(*derived)
+    mapper = _vllm_file_mapper(spec)
+    namespace = vllm_namespace(mapper.get_run_config(), int(mapper.rank))
+    theirs = f"{mapper.base_path.rstrip('/').rsplit('/', 1)[-1]}_r{mapper.rank}"
+    if theirs != namespace:
+        logger.warning("namespace %r differs from vLLM's %r; using vLLM's", namespace, theirs)
+        namespace = theirs
     return namespace
 
 
