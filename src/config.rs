@@ -131,7 +131,7 @@ pub enum Locality {
 pub enum StoreConfig {
     /// A local directory: the embedded default. Writes publish atomically by rename.
     Local(LocalConfig),
-    /// Process memory. Tiers configured with the same `name` share one store.
+    /// Process memory, private to the tier (for tests and trials: gone with the tier).
     Memory(MemoryConfig),
     /// S3 and S3-compatible stores.
     S3(S3Config),
@@ -146,12 +146,7 @@ pub struct LocalConfig {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MemoryConfig {
-    /// Tiers in one process configured with the same name share the store.
-    /// Without a name, the store is private to the tier.
-    #[serde(default)]
-    pub name: Option<String>,
-}
+pub struct MemoryConfig {}
 
 /// S3 settings. Key names follow vLLM's `store_config`, so a vLLM user can paste theirs.
 #[derive(Debug, Clone, Deserialize)]

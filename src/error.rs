@@ -159,3 +159,14 @@ mod tests {
         assert_eq!(Error::join("store x", source).status, Status::Cancelled);
     }
 }
+
+/// The message a panic carried, for the error that reports it.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}

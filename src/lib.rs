@@ -1,22 +1,31 @@
 //! kvtier: a secondary KV-cache tier on object storage.
 //!
-//! The engine (config, store, key layout, pool, jobs) is plain Rust; `ffi` is the C ABI.
+//! Rooms, with data flowing one way (caller → engine → store):
+//! * [`Tier`] and the rest of `engine`: job table, transfers, dedup, lookups, events, stats;
+//! * [`store`]: the store clients (local, memory, S3) and their direct HTTP path;
+//! * `integrity`: block checksums; [`key`]: key layout and object names; [`config`];
+//!   [`namespace`]: vLLM's namespace string; `pool`: the caller's host pool;
+//! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
+mod engine;
 pub mod error;
 pub mod ffi;
+mod integrity;
 pub mod key;
-pub mod lookup;
 pub mod namespace;
-pub mod pool;
-pub mod direct_http;
+mod pool;
 pub mod store;
-pub mod tier;
 
 pub use config::TierConfig;
+pub use engine::{
+    JobKind, JobResult, KeyBatch, LookupResult, StatsField, StatsSnapshot, StoredEvent, Tier, EVENT_MEDIUM,
+    MAX_KEYS_PER_JOB, STATS_FIELDS,
+};
 pub use error::{Error, Result, Status};
-pub use lookup::LookupResult;
-pub use tier::{JobKind, JobResult, KeyBatch, StatsSnapshot, StoredEvent, Tier};
+pub use integrity::CRC_METADATA;
+pub use pool::HostPool;
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -62,6 +62,49 @@ impl HostPool {
     }
 }
 
+/// One block of the host pool, writable by the load that holds it: what a store reads
+/// an object into.
+pub(crate) struct BlockSlot {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a slot is created only for a block that one load job holds alone (see
+// `BlockSlot::new`); moving it to another thread moves that exclusive access with it.
+unsafe impl Send for BlockSlot {}
+
+impl BlockSlot {
+    /// # Safety
+    /// `block_id` must be in the pool (checked at submit), and the caller must hold the
+    /// block alone for as long as the slot (or any slot made from it) is used: no other job
+    /// reads or writes it, and the caller of the C API does not touch it until the job's
+    /// result is polled.
+    pub(crate) unsafe fn new(pool: &HostPool, block_id: u64) -> Self {
+        BlockSlot { ptr: pool.block_ptr(block_id), len: pool.block_bytes() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the slot's contract (`BlockSlot::new`) gives it exclusive access to
+        // `len` valid bytes at `ptr`; `&mut self` keeps this borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`; `&self` only reads.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The same block for a blocking thread. The caller must not use `self` until that
+    /// thread is done with the returned slot (it awaits the blocking task).
+    pub(crate) fn reborrow(&mut self) -> BlockSlot {
+        BlockSlot { ptr: self.ptr, len: self.len }
+    }
+}
+
 /// Counts the references to caller memory handed to the store for one job.
 ///
 /// A PUT body is a `Bytes` that points straight into the host pool (no copy). HTTP

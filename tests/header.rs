@@ -1,14 +1,44 @@
 //! The committed header must be exactly what cbindgen generates from the sources.
 
+#[path = "../include/generate.rs"]
+mod generate;
+
 #[test]
 fn committed_header_matches_cbindgen_output() {
-    let generated = std::fs::read_to_string(concat!(env!("OUT_DIR"), "/kvtier.h")).expect("build.rs writes the header");
-    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h"))
-        .expect("include/kvtier.h is committed");
+    let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let generated = generate::generate_header(crate_dir, env!("CARGO_PKG_VERSION"));
+    let path = crate_dir.join("include/kvtier.h");
+    if std::env::var_os("KVTIER_UPDATE_HEADER").is_some() {
+        std::fs::write(&path, &generated).expect("include/kvtier.h is writable");
+    }
+    let committed = std::fs::read_to_string(&path).expect("include/kvtier.h is committed");
     assert!(
         generated == committed,
-        "include/kvtier.h is stale: regenerate it with `KVTIER_UPDATE_HEADER=1 cargo build` and commit it"
+        "include/kvtier.h is stale: regenerate it with `KVTIER_UPDATE_HEADER=1 cargo test --release --test header` and commit it"
     );
+}
+
+/// `kvt_stats` in the header lists the counters of `STATS_FIELDS`, in order, each with
+/// its help text as the comment above it.
+#[test]
+fn header_stats_struct_follows_the_counter_list() {
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
+    let start = committed.find("typedef struct kvt_stats {").expect("the header defines kvt_stats");
+    let end = start + committed[start..].find("} kvt_stats;").unwrap();
+    let mut fields = Vec::new();
+    let mut comment = String::new();
+    for line in committed[start..end].lines().skip(1) {
+        let line = line.trim();
+        if let Some(text) = line.strip_prefix("//") {
+            comment.push_str(if comment.is_empty() { "" } else { " " });
+            comment.push_str(text.trim());
+        } else if let Some(name) = line.strip_prefix("uint64_t ").and_then(|l| l.strip_suffix(';')) {
+            fields.push((name.to_string(), std::mem::take(&mut comment)));
+        }
+    }
+    let expected: Vec<(String, String)> =
+        kvtier::STATS_FIELDS.iter().map(|f| (f.name.to_string(), f.help.to_string())).collect();
+    assert_eq!(fields, expected);
 }
 
 #[test]

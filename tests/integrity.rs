@@ -116,7 +116,7 @@ fn tampered_object_in_memory_store_is_corrupt() {
     let s = setup(r#"{"store":{"type":"memory"}}"#, 4, BLOCK);
     assert!(run(&s.tier, JobKind::Store, 1, &[0, 1], &[1, 2]).succeeded());
     // Rewrite key 1's bytes but keep its recorded checksum, as a bad disk or bad copy would.
-    let store = s.tier.store().clone();
+    let store = s.tier.store().client().clone();
     let name = object_store::path::Path::from(s.tier.layout().object_name(&key(1)).unwrap());
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(async {

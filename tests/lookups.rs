@@ -87,7 +87,7 @@ fn failed_load_marks_only_failed_keys_miss() {
     assert_eq!(resolve(&tier, 7, &key(1)), LookupResult::Hit);
     assert_eq!(resolve(&tier, 7, &key(2)), LookupResult::Hit);
     // Delete key 2 behind the tier's back; its load fails, key 1's succeeds.
-    let store = tier.store().clone();
+    let store = tier.store().client().clone();
     let name = object_store::path::Path::from(tier.layout().object_name(&key(2)).unwrap());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async { object_store::ObjectStoreExt::delete(&*store, &name).await.unwrap() });

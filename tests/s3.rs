@@ -11,7 +11,7 @@ mod support;
 
 use std::sync::Arc;
 
-use kvtier::store::{self, ProbeOutcome};
+use kvtier::store::ProbeOutcome;
 use kvtier::{JobKind, LookupResult, Status, Tier};
 use object_store::path::Path;
 use serde_json::json;
@@ -209,13 +209,13 @@ fn exists_helper(srv: &Server) {
     oob_put(&store, "kv/present.bin", vec![1, 2, 3]);
     block_on(async {
         let s = oob_store(&store);
-        assert!(store::exists(&s, &Path::from("kv/present.bin"), false).await.unwrap());
-        assert!(!store::exists(&s, &Path::from("kv/absent.bin"), false).await.unwrap());
-        assert!(!store::exists(&s, &Path::from("kv/absent.bin"), true).await.unwrap());
+        assert!(s.exists(&Path::from("kv/present.bin"), false).await.unwrap());
+        assert!(!s.exists(&Path::from("kv/absent.bin"), false).await.unwrap());
+        assert!(!s.exists(&Path::from("kv/absent.bin"), true).await.unwrap());
         // Batched and concurrent, as the lookup lane uses it.
         let names: Vec<Path> =
             (0..32).map(|i| Path::from(if i % 4 == 0 { "kv/present.bin".to_string() } else { format!("kv/x{i}") })).collect();
-        let found = futures::future::join_all(names.iter().map(|n| store::exists(&s, n, false))).await;
+        let found = futures::future::join_all(names.iter().map(|n| s.exists(n, false))).await;
         for (i, f) in found.into_iter().enumerate() {
             assert_eq!(f.unwrap(), i % 4 == 0, "key {i}");
         }
@@ -231,11 +231,11 @@ fn exists_and_tier_without_list_permission(srv: &Server) {
     oob_put(&store, "kv/present.bin", vec![1, 2, 3]);
     block_on(async {
         let s = oob_store(&store);
-        assert!(store::exists(&s, &Path::from("kv/present.bin"), true).await.unwrap());
-        assert!(!store::exists(&s, &Path::from("kv/absent.bin"), true).await.unwrap());
-        let e = store::exists(&s, &Path::from("kv/absent.bin"), false).await.unwrap_err();
+        assert!(s.exists(&Path::from("kv/present.bin"), true).await.unwrap());
+        assert!(!s.exists(&Path::from("kv/absent.bin"), true).await.unwrap());
+        let e = s.exists(&Path::from("kv/absent.bin"), false).await.unwrap_err();
         assert_eq!(e.status, Status::PermissionDenied, "{}", e.message);
-        let probe = store::probe(&s, "kv/__kvtier_probe__/connectivity_test", "test store").await.unwrap();
+        let probe = s.probe("kv/__kvtier_probe__/connectivity_test").await.unwrap();
         assert_eq!(probe, ProbeOutcome::ReadyWithoutList);
     });
     let tier = tier(store);
@@ -402,7 +402,7 @@ fn probe_leftovers_do_not_accumulate_when_delete_is_denied(srv: &Server) {
         use futures::TryStreamExt;
         use object_store::ObjectStore;
         let s = oob_store(&srv.store_json(&bucket));
-        let listed: Vec<_> = s.list(Some(&Path::from(probe_dir.as_str()))).try_collect().await.unwrap();
+        let listed: Vec<_> = s.client().list(Some(&Path::from(probe_dir.as_str()))).try_collect().await.unwrap();
         listed.into_iter().map(|m| m.location.to_string()).collect::<Vec<_>>()
     });
     assert_eq!(leftovers.len(), 1, "{}: {leftovers:?}", srv.name());

@@ -34,9 +34,9 @@ fn checksum_round_trips_as_metadata(srv: &Server) {
     assert!(run(&tier, JobKind::Store, 1, &[0], &[1]).succeeded());
     let name = tier.layout().object_name(&key(1)).unwrap();
     let recorded = block_on(async {
-        let s = oob_store(&store);
+        let s = oob_store(&store).client().clone();
         let got = s.get(&Path::from(name.as_str())).await.unwrap();
-        got.attributes.get(&object_store::Attribute::Metadata(kvtier::tier::CRC_METADATA.into())).map(|v| v.to_string())
+        got.attributes.get(&object_store::Attribute::Metadata(kvtier::CRC_METADATA.into())).map(|v| v.to_string())
     });
     assert_eq!(recorded, Some(format!("{:08x}", crc32c::crc32c(pool.block(0)))), "{}", srv.name());
     // The object's bytes are the block's bytes, unchanged: vLLM's tier can read them.
@@ -56,7 +56,7 @@ fn tampered_object_fails_only_its_key(srv: &Server) {
         assert!(run(&tier, JobKind::Store, 1, &[0, 1, 2], &[1, 2, 3]).succeeded());
         let name = tier.layout().object_name(&key(2)).unwrap();
         block_on(async {
-            let s = oob_store(&store);
+            let s = oob_store(&store).client().clone();
             let path = Path::from(name.as_str());
             let got = s.get(&path).await.unwrap();
             let attributes = got.attributes.clone();
@@ -102,7 +102,7 @@ fn corrupt_key_turns_miss_and_next_store_repairs_it(srv: &Server) {
     assert_eq!(resolve_lookup(&tier, 5, &key(21)), LookupResult::Hit);
     let name = tier.layout().object_name(&key(21)).unwrap();
     block_on(async {
-        let s = oob_store(&store);
+        let s = oob_store(&store).client().clone();
         let path = object_path(&name);
         let got = s.get(&path).await.unwrap();
         let attributes = got.attributes.clone();

@@ -903,7 +903,7 @@ def _location(config: Mapping[str, Any], prefix: str, namespace: str) -> str:
     elif store["type"] == "local":
         where = f"file://{store.get('path', '')}"
     else:
-        where = f"memory:{store.get('name', '')}"
+        where = "memory:"
     return f"{where}/{objects}" if objects else where
 
 

@@ -8,7 +8,7 @@ use std::sync::Once;
 
 use super::{kvt_tier, status_of, TIER_MAGIC};
 use crate::error::{Error, Status};
-use crate::tier::panic_message;
+use crate::error::panic_message;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -64,7 +64,7 @@ pub(crate) fn silencing_hook(previous: PanicHook) -> PanicHook {
 
 fn panic_error(name: &str, panic: &Box<dyn std::any::Any + Send>) -> Error {
     let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|at| format!(" (at {at})")).unwrap_or_default();
-    Error::new(Status::Panic, format!("{name}: {}{at}", panic_message(panic)))
+    Error::new(Status::Panic, format!("{name}: {}{at}", panic_message(&**panic)))
 }
 
 /// Runs `body` as a kvt_ call: panics are caught (and not printed).
@@ -107,7 +107,8 @@ pub(crate) unsafe fn guard_tier(
     access: Access,
     body: impl FnOnce(&kvt_tier) -> crate::Result<()>,
 ) -> Status {
-    match guard_tier_or(name, tier, access, (), |handle| body(handle)) {
+    // SAFETY: the caller's contract, passed through.
+    match unsafe { guard_tier_or(name, tier, access, (), |handle| body(handle)) } {
         (_, None) => Status::Ok,
         (_, Some(status)) => status,
     }
@@ -124,7 +125,8 @@ pub(crate) unsafe fn guard_tier_or<T>(
 ) -> (T, Option<Status>) {
     let checked: Cell<Option<&kvt_tier>> = Cell::new(None);
     let outcome = call(|| {
-        let handle = check_tier(tier, access)?;
+        // SAFETY: the caller's contract, passed through.
+        let handle = unsafe { check_tier(tier, access)? };
         checked.set(Some(handle));
         body(handle)
     });
@@ -157,9 +159,11 @@ pub(crate) fn current_pid() -> u32 {
     static HANDLER: Once = Once::new();
     extern "C" fn after_fork_in_child() {
         // getpid is async-signal-safe, as an atfork child handler must be.
+        // SAFETY: a plain syscall.
         PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
     }
     HANDLER.call_once(|| {
+        // SAFETY: a plain syscall.
         PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
         // SAFETY: registers a handler that stays mapped (the library is never unloaded).
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
@@ -175,12 +179,14 @@ pub(crate) unsafe fn check_tier<'a>(tier: *mut kvt_tier, access: Access) -> crat
     if tier.is_null() {
         return Err(Error::new(Status::NullArgument, "tier is NULL"));
     }
-    let magic = std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic));
+    // SAFETY: non-NULL, and a handle from kvt_tier_new by the caller's contract: readable.
+    let magic = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) };
     debug_assert_eq!(magic, TIER_MAGIC, "tier handle is not a live kvt_tier (freed, or not from kvt_tier_new)");
     if magic != TIER_MAGIC {
         return Err(Error::state("tier handle is not a live kvt_tier (freed, or not from kvt_tier_new)"));
     }
-    let handle = &*tier;
+    // SAFETY: as above; the tag says the handle was not freed through kvt_tier_free.
+    let handle = unsafe { &*tier };
     if handle.pid != current_pid() {
         return Err(Error::new(
             Status::Forked,

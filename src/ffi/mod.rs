@@ -20,8 +20,8 @@ use boundary::{current_pid, guard, guard_tier, guard_tier_or, set_last_error, Ac
 
 use crate::config::Locality;
 use crate::error::{Error, Status};
-use crate::lookup::LookupResult;
-use crate::tier::{JobKind, KeyBatch, StatsSnapshot, Tier};
+use crate::engine::LookupResult;
+use crate::engine::{JobKind, KeyBatch, StatsSnapshot, Tier};
 
 pub use boundary::kvt_last_error;
 
@@ -48,7 +48,7 @@ pub struct kvt_tier {
     /// Per-key statuses and messages of the last poll, kept alive until the next poll.
     last_poll: Mutex<PollScratch>,
     /// Events of the last `kvt_tier_take_events`, kept alive until the next call.
-    last_events: Mutex<Vec<crate::tier::StoredEvent>>,
+    last_events: Mutex<Vec<crate::engine::StoredEvent>>,
 }
 
 /// Locality carried on events, from the configuration.
@@ -164,11 +164,13 @@ pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut
         if out_tier.is_null() {
             return Err(Error::new(Status::NullArgument, "out_tier is NULL"));
         }
-        *out_tier = std::ptr::null_mut();
+        // SAFETY: checked non-NULL above; the caller passes a writable pointer.
+        unsafe { *out_tier = std::ptr::null_mut() };
         if config_json.is_null() {
             return Err(Error::new(Status::NullArgument, "config_json is NULL"));
         }
-        let json = CStr::from_ptr(config_json)
+        // SAFETY: non-NULL, and a NUL-terminated string by the header's contract.
+        let json = unsafe { CStr::from_ptr(config_json) }
             .to_str()
             .map_err(|_| Error::config("config_json is not valid UTF-8"))?;
         let tier = Tier::from_json(json)?;
@@ -180,7 +182,8 @@ pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut
             last_poll: Mutex::new(PollScratch::default()),
             last_events: Mutex::new(Vec::new()),
         });
-        *out_tier = Box::into_raw(handle);
+        // SAFETY: checked non-NULL above; the caller passes a writable pointer.
+        unsafe { *out_tier = Box::into_raw(handle) };
         Ok(())
     })
 }
@@ -200,9 +203,14 @@ pub unsafe extern "C" fn kvt_tier_register_memory(
     num_blocks: u64,
     block_bytes: usize,
 ) -> Status {
-    guard_tier("kvt_tier_register_memory", tier, Access::Work, |handle| {
-        handle.tier.register_memory(base, num_blocks, block_bytes)
-    })
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition; check_tier
+    // verifies what it can). The pool contract (valid until free, not touched while a job
+    // uses a block) is the caller's, stated in the header, and is what register_memory needs.
+    unsafe {
+        guard_tier("kvt_tier_register_memory", tier, Access::Work, |handle| {
+            handle.tier.register_memory(base, num_blocks, block_bytes)
+        })
+    }
 }
 
 unsafe fn submit(
@@ -215,17 +223,17 @@ unsafe fn submit(
     key_len: usize,
     num_keys: usize,
 ) -> Status {
-    guard_tier(what, tier, Access::Submit, |handle| {
+    let body = |handle: &kvt_tier| {
         if handle.failed.load(Ordering::Acquire) {
             let e = Error::new(Status::Panic, "an earlier call on this tier panicked; it refuses further work: shut it down and free it");
             return Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
         }
-        if num_keys > crate::tier::MAX_KEYS_PER_JOB {
+        if num_keys > crate::engine::MAX_KEYS_PER_JOB {
             return Err(handle.tier.submit_rejected(
                 kind,
                 job_id,
                 num_keys,
-                Error::invalid(format!("num_keys is {num_keys}; a job has at most {} keys", crate::tier::MAX_KEYS_PER_JOB)),
+                Error::invalid(format!("num_keys is {num_keys}; a job has at most {} keys", crate::engine::MAX_KEYS_PER_JOB)),
             ));
         }
         if num_keys > 0 && (block_ids.is_null() || keys.is_null()) {
@@ -249,11 +257,17 @@ unsafe fn submit(
         let (ids, key_bytes): (&[u64], &[u8]) = if num_keys == 0 {
             (&[], &[])
         } else {
-            (std::slice::from_raw_parts(block_ids, num_keys), std::slice::from_raw_parts(keys, total))
+            // SAFETY: both non-NULL (checked above) and, by the header's contract, arrays of
+            // `num_keys` ids and `num_keys * key_len` key bytes, borrowed for this call only
+            // (KeyBatch::new and submit copy them).
+            unsafe { (std::slice::from_raw_parts(block_ids, num_keys), std::slice::from_raw_parts(keys, total)) }
         };
         let batch = KeyBatch::new(key_bytes, key_len)?;
         handle.tier.submit(kind, job_id, ids, batch)
-    })
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition; check_tier
+    // verifies what it can).
+    unsafe { guard_tier(what, tier, Access::Submit, body) }
 }
 
 /// Submits a job that stores block `block_ids[i]` under key `i` for `i < num_keys`.
@@ -287,7 +301,8 @@ pub unsafe extern "C" fn kvt_tier_submit_store(
     key_len: usize,
     num_keys: usize,
 ) -> Status {
-    submit("kvt_tier_submit_store", JobKind::Store, tier, job_id, block_ids, keys, key_len, num_keys)
+    // SAFETY: the arguments are passed through under the same contract.
+    unsafe { submit("kvt_tier_submit_store", JobKind::Store, tier, job_id, block_ids, keys, key_len, num_keys) }
 }
 
 /// Submits a job that loads key `i` into block `block_ids[i]` for `i < num_keys`.
@@ -309,7 +324,8 @@ pub unsafe extern "C" fn kvt_tier_submit_load(
     key_len: usize,
     num_keys: usize,
 ) -> Status {
-    submit("kvt_tier_submit_load", JobKind::Load, tier, job_id, block_ids, keys, key_len, num_keys)
+    // SAFETY: the arguments are passed through under the same contract.
+    unsafe { submit("kvt_tier_submit_load", JobKind::Load, tier, job_id, block_ids, keys, key_len, num_keys) }
 }
 
 /// Takes up to `capacity` finished jobs into `out_results` and writes their number to
@@ -329,8 +345,9 @@ pub unsafe extern "C" fn kvt_tier_poll(
     capacity: usize,
     out_count: *mut usize,
 ) -> Status {
-    reset_count(out_count);
-    guard_tier("kvt_tier_poll", tier, Access::Collect, |handle| {
+    // SAFETY: `out_count` is NULL or writable (the header's contract).
+    unsafe { reset_count(out_count) };
+    let body = |handle: &kvt_tier| {
         check_outputs(out_results, capacity, out_count)?;
         let mut scratch = handle.last_poll.lock().unwrap_or_else(|p| p.into_inner());
         scratch.key_status.clear();
@@ -353,11 +370,19 @@ pub unsafe extern "C" fn kvt_tier_poll(
             // Moving the Vec and CString keeps their heap buffers where the pointers point.
             scratch.key_status.push(r.key_status);
             scratch.messages.push(message);
-            out_results.add(i).write(out);
-            *out_count = i + 1;
+            // SAFETY: `out_results` is non-NULL (check_outputs) and holds `capacity`
+            // elements by the header's contract; `i < capacity` as poll returns at most
+            // `capacity` results. `out_count` is non-NULL (check_outputs).
+            unsafe {
+                out_results.add(i).write(out);
+                *out_count = i + 1;
+            }
         }
         Ok(())
-    })
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition; check_tier
+    // verifies what it can).
+    unsafe { guard_tier("kvt_tier_poll", tier, Access::Collect, body) }
 }
 
 /// A file descriptor that is readable while results wait to be polled, for epoll/poll
@@ -366,7 +391,8 @@ pub unsafe extern "C" fn kvt_tier_poll(
 /// tier's process. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
-    guard_tier_or("kvt_tier_event_fd", tier, Access::Collect, -1, |handle| Ok(handle.tier.ready_fd())).0
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier_or("kvt_tier_event_fd", tier, Access::Collect, -1, |handle| Ok(handle.tier.ready_fd())).0 }
 }
 
 /// Number of jobs submitted and not yet finished (results not yet queued).
@@ -374,7 +400,8 @@ pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
 /// Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
-    guard_tier_or("kvt_tier_jobs_in_flight", tier, Access::Collect, 0, |handle| Ok(handle.tier.jobs_in_flight())).0
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier_or("kvt_tier_jobs_in_flight", tier, Access::Collect, 0, |handle| Ok(handle.tier.jobs_in_flight())).0 }
 }
 
 /// Blocks until no job is in flight, or `timeout_ms` passes (KVT_STATUS_TIMEOUT). Results
@@ -382,7 +409,8 @@ pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
 /// Thread-safe; must not be called from a thread that other jobs' completion depends on.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_drain(tier: *mut kvt_tier, timeout_ms: u64) -> Status {
-    guard_tier("kvt_tier_drain", tier, Access::Work, |handle| handle.tier.drain(Duration::from_millis(timeout_ms)))
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_drain", tier, Access::Work, |handle| handle.tier.drain(Duration::from_millis(timeout_ms))) }
 }
 
 /// Shuts the tier down, in order:
@@ -400,10 +428,13 @@ pub unsafe extern "C" fn kvt_tier_drain(tier: *mut kvt_tier, timeout_ms: u64) ->
 /// other calls on the same tier.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_shutdown(tier: *mut kvt_tier) -> Status {
-    guard_tier("kvt_tier_shutdown", tier, Access::Collect, |handle| {
-        handle.tier.shutdown();
-        Ok(())
-    })
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe {
+        guard_tier("kvt_tier_shutdown", tier, Access::Collect, |handle| {
+            handle.tier.shutdown();
+            Ok(())
+        })
+    }
 }
 
 /// Shuts the tier down (as `kvt_tier_shutdown`) and releases the handle and everything it
@@ -422,31 +453,43 @@ pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
         set_last_error(None);
         return;
     }
-    let forked = std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) == TIER_MAGIC && (*tier).pid != current_pid();
+    // SAFETY: non-NULL, and a handle from kvt_tier_new not yet freed (the header's
+    // precondition): its memory is readable.
+    let forked = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) == TIER_MAGIC && (*tier).pid != current_pid() };
     if forked {
         // A forked child: the tier's threads exist only in the parent, its locks may be
         // held by them, and its sockets and epoll registrations are shared with the
         // parent. Releasing any of that would hang or disturb the parent, so the handle
         // is retired without running its destructor: only the child's copy of the event
         // fd is closed.
-        std::ptr::write_volatile(std::ptr::addr_of_mut!((*tier).magic), 0);
-        libc::close((*tier).tier.ready_fd());
+        // SAFETY: a live handle (as above); the child owns its copy of the event fd, which
+        // nothing else in the child uses once the handle is retired.
+        unsafe {
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*tier).magic), 0);
+            libc::close((*tier).tier.ready_fd());
+        }
         set_last_error(None);
         return;
     }
-    let (live, _) = guard_tier_or("kvt_tier_free", tier, Access::Collect, false, |_| Ok(true));
+    // SAFETY: non-NULL and a handle from kvt_tier_new (the header's precondition).
+    let (live, _) = unsafe { guard_tier_or("kvt_tier_free", tier, Access::Collect, false, |_| Ok(true)) };
     if !live {
         return;
     }
     // Separate steps: a panic while the handle is being released must not mark the
     // (by then freed) handle failed.
     let stopped = guard("kvt_tier_free", || {
-        (*tier).tier.shutdown();
+        // SAFETY: check_tier found a live handle, and the caller runs nothing else on it.
+        unsafe { (*tier).tier.shutdown() };
         Ok(())
     });
     let released = guard("kvt_tier_free", || {
-        std::ptr::write_volatile(std::ptr::addr_of_mut!((*tier).magic), 0);
-        drop(Box::from_raw(tier));
+        // SAFETY: the handle came from Box::into_raw in kvt_tier_new and is released once:
+        // the tag is cleared first, so a second free is refused as a best effort.
+        unsafe {
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*tier).magic), 0);
+            drop(Box::from_raw(tier));
+        }
         Ok(())
     });
     if stopped != Status::Ok && released == Status::Ok {
@@ -473,15 +516,21 @@ pub unsafe extern "C" fn kvt_tier_lookup(
     key_len: usize,
     out_result: *mut LookupResult,
 ) -> Status {
-    guard_tier("kvt_tier_lookup", tier, Access::Work, |handle| {
+    let body = |handle: &kvt_tier| {
         if key.is_null() || out_result.is_null() {
             return Err(Error::new(Status::NullArgument, if key.is_null() { "key is NULL" } else { "out_result is NULL" }));
         }
         crate::key::check_key_len(key_len)?;
-        let verdict = handle.tier.lookup(req_id, std::slice::from_raw_parts(key, key_len))?;
-        *out_result = verdict;
+        // SAFETY: non-NULL (checked above) and `key_len` readable bytes by the header's
+        // contract; `key_len` is at most MAX_KEY_BYTES (check_key_len).
+        let key = unsafe { std::slice::from_raw_parts(key, key_len) };
+        let verdict = handle.tier.lookup(req_id, key)?;
+        // SAFETY: non-NULL (checked above) and writable by the header's contract.
+        unsafe { *out_result = verdict };
         Ok(())
-    })
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_lookup", tier, Access::Work, body) }
 }
 
 /// Ends a scheduler step: sends the lookups asked since the last call, deduplicated
@@ -489,7 +538,8 @@ pub unsafe extern "C" fn kvt_tier_lookup(
 /// (separate from transfers). Never blocks. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
-    guard_tier("kvt_tier_schedule_end", tier, Access::Work, |handle| handle.tier.schedule_end())
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_schedule_end", tier, Access::Work, |handle| handle.tier.schedule_end()) }
 }
 
 /// Tells the tier that request `req_id` will not look anything up again; verdicts held
@@ -497,10 +547,13 @@ pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
 /// Unknown ids are ignored. Never blocks. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_request_finished(tier: *mut kvt_tier, req_id: u64) -> Status {
-    guard_tier("kvt_tier_request_finished", tier, Access::Work, |handle| {
-        handle.tier.request_finished(req_id);
-        Ok(())
-    })
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe {
+        guard_tier("kvt_tier_request_finished", tier, Access::Work, |handle| {
+            handle.tier.request_finished(req_id);
+            Ok(())
+        })
+    }
 }
 
 /// Takes up to `capacity` BlockStored events into `out_events`, oldest first, and writes
@@ -519,13 +572,14 @@ pub unsafe extern "C" fn kvt_tier_take_events(
     capacity: usize,
     out_count: *mut usize,
 ) -> Status {
-    reset_count(out_count);
-    guard_tier("kvt_tier_take_events", tier, Access::Collect, |handle| {
+    // SAFETY: `out_count` is NULL or writable (the header's contract).
+    unsafe { reset_count(out_count) };
+    let body = |handle: &kvt_tier| {
         check_outputs(out_events, capacity, out_count)?;
         let mut kept = handle.last_events.lock().unwrap_or_else(|p| p.into_inner());
         *kept = handle.tier.take_events(capacity);
         for (i, event) in kept.iter().enumerate() {
-            out_events.add(i).write(kvt_event {
+            let event = kvt_event {
                 job_id: event.job_id,
                 keys: event.keys.as_bytes().as_ptr(),
                 key_len: event.keys.key_len(),
@@ -536,11 +590,18 @@ pub unsafe extern "C" fn kvt_tier_take_events(
                     Some(Locality::LOCAL) => EventLocality::Local,
                     Some(Locality::REMOTE) => EventLocality::Remote,
                 },
-            });
-            *out_count = i + 1;
+            };
+            // SAFETY: `out_events` is non-NULL (check_outputs) and holds `capacity`
+            // elements by the header's contract; take_events returned at most `capacity`.
+            unsafe {
+                out_events.add(i).write(event);
+                *out_count = i + 1;
+            }
         }
         Ok(())
-    })
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_take_events", tier, Access::Collect, body) }
 }
 
 /// Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:
@@ -549,15 +610,19 @@ pub unsafe extern "C" fn kvt_tier_take_events(
 /// NULL `tier` or `out_stats` is KVT_STATUS_NULL_ARGUMENT. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut StatsSnapshot, stats_size: usize) -> Status {
-    guard_tier("kvt_tier_stats", tier, Access::Collect, |handle| {
+    let body = |handle: &kvt_tier| {
         if out_stats.is_null() {
             return Err(Error::new(Status::NullArgument, "out_stats is NULL"));
         }
         let stats = handle.tier.stats();
         let n = stats_size.min(std::mem::size_of::<StatsSnapshot>());
-        std::ptr::copy_nonoverlapping(&stats as *const StatsSnapshot as *const u8, out_stats as *mut u8, n);
+        // SAFETY: `out_stats` is non-NULL and holds `stats_size` writable bytes by the
+        // header's contract; `n` is at most that and at most the snapshot's size.
+        unsafe { std::ptr::copy_nonoverlapping(&stats as *const StatsSnapshot as *const u8, out_stats as *mut u8, n) };
         Ok(())
-    })
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_stats", tier, Access::Collect, body) }
 }
 
 /// Computes vLLM's namespace string
@@ -584,16 +649,22 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
         if fields_json.is_null() || out_len.is_null() || (out_buf.is_null() && capacity > 0) {
             return Err(Error::new(Status::NullArgument, "fields_json, out_len or out_buf is NULL"));
         }
-        let text = CStr::from_ptr(fields_json).to_str().map_err(|_| Error::invalid("fields_json is not UTF-8"))?;
+        // SAFETY: non-NULL (checked above), a NUL-terminated string by the header's contract.
+        let text = unsafe { CStr::from_ptr(fields_json) }.to_str().map_err(|_| Error::invalid("fields_json is not UTF-8"))?;
         let fields: serde_json::Value =
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("fields_json is not JSON: {e}")))?;
         let namespace = crate::namespace::vllm_namespace(&fields, rank)?;
-        *out_len = namespace.len();
+        // SAFETY: non-NULL (checked above) and writable by the header's contract.
+        unsafe { *out_len = namespace.len() };
         if namespace.len() + 1 > capacity {
             return Err(Error::invalid(format!("out_buf holds {capacity} bytes; {} needed", namespace.len() + 1)));
         }
-        std::ptr::copy_nonoverlapping(namespace.as_ptr(), out_buf as *mut u8, namespace.len());
-        *out_buf.add(namespace.len()) = 0;
+        // SAFETY: `out_buf` holds `capacity` writable bytes (the header's contract) and the
+        // string plus its NUL fits (checked just above); it is non-NULL as capacity > 0.
+        unsafe {
+            std::ptr::copy_nonoverlapping(namespace.as_ptr(), out_buf as *mut u8, namespace.len());
+            *out_buf.add(namespace.len()) = 0;
+        }
         Ok(())
     })
 }
@@ -601,12 +672,13 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
 /// `*out_count` reads 0 on every error of a function that fills a caller array.
 unsafe fn reset_count(out_count: *mut usize) {
     if !out_count.is_null() {
-        *out_count = 0;
+        // SAFETY: non-NULL, and writable by the caller's contract.
+        unsafe { *out_count = 0 };
     }
 }
 
 /// Checks the output arguments of a function that fills a caller array.
-unsafe fn check_outputs<T>(out: *mut T, capacity: usize, out_count: *mut usize) -> crate::Result<()> {
+fn check_outputs<T>(out: *mut T, capacity: usize, out_count: *mut usize) -> crate::Result<()> {
     if out_count.is_null() {
         return Err(Error::new(Status::NullArgument, "out_count is NULL"));
     }
@@ -638,7 +710,7 @@ mod tests {
     fn header_constants_match_the_engine() {
         assert_eq!(KVT_KEY_GROUP_BYTES, crate::key::GROUP_BYTES);
         assert_eq!(KVT_DEFAULT_KEY_BYTES, crate::config::DEFAULT_KEY_BYTES);
-        assert_eq!(KVT_MAX_KEYS_PER_JOB, crate::tier::MAX_KEYS_PER_JOB);
+        assert_eq!(KVT_MAX_KEYS_PER_JOB, crate::engine::MAX_KEYS_PER_JOB);
     }
 
     fn memory_tier() -> *mut kvt_tier {

@@ -710,16 +710,16 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// A store built from a `store` JSON section, for writing and reading objects behind the
 /// tier's back. Build it inside the runtime that uses it.
-pub fn oob_store(store: &Value) -> kvtier::store::DynStore {
+pub fn oob_store(store: &Value) -> kvtier::store::Store {
     let config: kvtier::config::StoreConfig = serde_json::from_value(store.clone()).unwrap();
-    kvtier::store::build_store(&config).unwrap()
+    kvtier::store::Store::open(&config).unwrap()
 }
 
 pub fn oob_put(store: &Value, name: &str, bytes: Vec<u8>) {
     use object_store::ObjectStoreExt;
     block_on(async {
         let s = oob_store(store);
-        s.put(&kvtier::store::object_path(name), bytes.into()).await.unwrap();
+        s.client().put(&kvtier::store::object_path(name), bytes.into()).await.unwrap();
     })
 }
 
@@ -728,7 +728,7 @@ pub fn oob_get(store: &Value, name: &str) -> Option<Vec<u8>> {
     use object_store::ObjectStoreExt;
     block_on(async {
         let s = oob_store(store);
-        match s.get(&kvtier::store::object_path(name)).await {
+        match s.client().get(&kvtier::store::object_path(name)).await {
             Ok(r) => Some(r.bytes().await.unwrap().to_vec()),
             Err(object_store::Error::NotFound { .. }) => None,
             Err(e) => panic!("out-of-band get {name}: {e}"),

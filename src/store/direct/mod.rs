@@ -326,8 +326,8 @@ fn parse_head(text: &str) -> io::Result<ResponseHead> {
             head.content_length = Some(value.parse().map_err(|_| io::Error::other("malformed content-length"))?);
         } else if name.eq_ignore_ascii_case("content-range") {
             head.object_size = value.rsplit('/').next().and_then(|t| t.parse().ok());
-        } else if name.eq_ignore_ascii_case(crate::tier::CRC_HEADER) {
-            head.recorded_crc = crate::tier::parse_crc(value);
+        } else if name.eq_ignore_ascii_case(crate::integrity::CRC_HEADER) {
+            head.recorded_crc = crate::integrity::parse_crc(value);
         } else if name.eq_ignore_ascii_case("connection") {
             head.close = value.eq_ignore_ascii_case("close");
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
@@ -411,11 +411,11 @@ async fn error_answer(conn: &mut TcpStream, head: &ResponseHead, length: usize, 
     body[..early.len()].copy_from_slice(early);
     conn.read_exact(&mut body[early.len()..]).await?;
     let text = String::from_utf8_lossy(&body);
-    let code = crate::store::s3_error_code(&text).unwrap_or("");
+    let code = super::classify::s3_error_code(&text).unwrap_or("");
     let outcome = match head.status {
         // A missing bucket or key, by the store's own reading of the error code.
         404 => {
-            let status = match crate::store::status_of_s3_code(code) {
+            let status = match super::classify::status_of_s3_code(code) {
                 Some(Status::BucketNotFound) => Status::BucketNotFound,
                 _ => Status::NotFound,
             };

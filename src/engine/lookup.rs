@@ -45,21 +45,20 @@ struct Entry {
 
 /// One key to check, with the generation its answer must match.
 #[derive(Debug, Clone)]
-pub struct Probe {
+pub(crate) struct Probe {
     pub key: Vec<u8>,
     pub generation: u64,
 }
 
 /// The keys one request asked for in a step; checked together.
 #[derive(Debug, Clone)]
-pub struct ProbeGroup {
-    pub request: u64,
+pub(crate) struct ProbeGroup {
     pub probes: Vec<Probe>,
 }
 
 /// An answer: `found` is `None` when the check failed.
 #[derive(Debug, Clone)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub key: Vec<u8>,
     pub generation: u64,
     pub found: bool,
@@ -68,7 +67,7 @@ pub struct Answer {
 /// The lookup state. Owned by whoever calls `lookup` (the scheduler); the I/O side
 /// only sees [`ProbeGroup`]s and sends back [`Answer`]s.
 #[derive(Debug, Default)]
-pub struct LookupTable {
+pub(crate) struct LookupTable {
     entries: HashMap<Vec<u8>, Entry>,
     by_request: HashMap<u64, HashSet<Vec<u8>>>,
     batch: Vec<(Vec<u8>, u64, u64)>,
@@ -76,7 +75,7 @@ pub struct LookupTable {
 }
 
 impl LookupTable {
-    pub fn lookup(&mut self, request: u64, key: &[u8]) -> LookupResult {
+    pub(crate) fn lookup(&mut self, request: u64, key: &[u8]) -> LookupResult {
         let entry = match self.entries.get_mut(key) {
             Some(entry) => entry,
             None => {
@@ -103,7 +102,7 @@ impl LookupTable {
 
     /// Takes the step's batch: entries still pending become in flight. Grouped by the
     /// request that first asked, in order.
-    pub fn flush(&mut self) -> Vec<ProbeGroup> {
+    pub(crate) fn flush(&mut self) -> Vec<ProbeGroup> {
         let mut groups: Vec<ProbeGroup> = Vec::new();
         let mut index: HashMap<u64, usize> = HashMap::new();
         for (key, request, generation) in std::mem::take(&mut self.batch) {
@@ -113,7 +112,7 @@ impl LookupTable {
             }
             entry.phase = Phase::InFlight;
             let slot = *index.entry(request).or_insert_with(|| {
-                groups.push(ProbeGroup { request, probes: Vec::new() });
+                groups.push(ProbeGroup { probes: Vec::new() });
                 groups.len() - 1
             });
             groups[slot].probes.push(Probe { key, generation });
@@ -121,7 +120,7 @@ impl LookupTable {
         groups
     }
 
-    pub fn apply(&mut self, answers: impl IntoIterator<Item = Answer>) {
+    pub(crate) fn apply(&mut self, answers: impl IntoIterator<Item = Answer>) {
         for answer in answers {
             let Some(entry) = self.entries.get_mut(&answer.key) else { continue };
             if entry.generation != answer.generation {
@@ -137,7 +136,7 @@ impl LookupTable {
     }
 
     /// Failed loads: these keys are absent for everyone holding them.
-    pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
+    pub(crate) fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
         for key in keys {
             if let Some(entry) = self.entries.get_mut(key) {
                 entry.found = Some(false);
@@ -146,18 +145,7 @@ impl LookupTable {
         }
     }
 
-    /// Keys this tier has just stored are present for everyone holding them.
-    pub fn mark_hit<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
-        for key in keys {
-            if let Some(entry) = self.entries.get_mut(key) {
-                if entry.phase == Phase::Resolved {
-                    entry.found = Some(true);
-                }
-            }
-        }
-    }
-
-    pub fn request_finished(&mut self, request: u64) {
+    pub(crate) fn request_finished(&mut self, request: u64) {
         let Some(keys) = self.by_request.remove(&request) else { return };
         for key in keys {
             if let Some(entry) = self.entries.get_mut(&key) {
@@ -170,7 +158,7 @@ impl LookupTable {
     }
 
     /// Keys with state (for tests and stats).
-    pub fn tracked_keys(&self) -> usize {
+    pub(crate) fn tracked_keys(&self) -> usize {
         self.entries.len()
     }
 }
@@ -251,4 +239,44 @@ mod tests {
         assert_eq!(t.lookup(1, b"a"), Miss);
         assert_eq!(t.lookup(1, b"b"), Hit);
     }
+}
+
+/// Checks every group's keys concurrently on the lookup lane. A group (one request's keys
+/// of one step) whose check fails anywhere answers MISS for all its keys.
+pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>) -> Vec<Answer> {
+    use std::sync::atomic::Ordering;
+    let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
+    let per_group = futures::future::join_all(groups.into_iter().map(|group| async move {
+        let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
+            if shared.dedup.is_corrupt(&probe.key) {
+                return Ok(false); // the object is corrupt until this tier stores the key again
+            }
+            let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
+            shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
+            let name = crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
+            shared.lookup_store.exists(&name, missing_is_forbidden).await.map_err(|e| {
+                shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!("existence check failed: {}", e.message);
+            })
+        }))
+        .await;
+        let group_failed = checks.iter().any(|c| c.is_err());
+        for (probe, found) in group.probes.iter().zip(&checks) {
+            if found == &Ok(true) {
+                shared.dedup.remember(&probe.key);
+            }
+        }
+        group
+            .probes
+            .into_iter()
+            .zip(checks)
+            .map(|(probe, found)| Answer {
+                key: probe.key,
+                generation: probe.generation,
+                found: !group_failed && found.unwrap_or(false),
+            })
+            .collect::<Vec<_>>()
+    }))
+    .await;
+    per_group.into_iter().flatten().collect()
 }

@@ -1,0 +1,241 @@
+//! Jobs: what a caller submits (kind, keys, blocks), the one result each job yields, the
+//! table of jobs whose result has not been polled, and the ready fd that signals results.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{Error, Result, Status};
+
+/// Most keys one job may carry.
+pub const MAX_KEYS_PER_JOB: usize = 1 << 20;
+
+/// Direction of a job.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobKind {
+    /// Host pool to store.
+    Store = 0,
+    /// Store to host pool.
+    Load = 1,
+}
+
+/// The keys of one job, stored back to back (every key has the same length).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyBatch {
+    bytes: Arc<[u8]>,
+    key_len: usize,
+}
+
+impl KeyBatch {
+    /// `bytes` holds `bytes.len() / key_len` keys of `key_len` bytes each.
+    pub fn new(bytes: &[u8], key_len: usize) -> Result<Self> {
+        if key_len == 0 || bytes.len() % key_len != 0 {
+            return Err(Error::invalid(format!(
+                "{} key bytes do not divide into keys of {key_len} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(KeyBatch { bytes: bytes.into(), key_len })
+    }
+
+    pub fn from_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<Self> {
+        let key_len = keys.first().map(|k| k.as_ref().len()).unwrap_or(1);
+        let mut bytes = Vec::with_capacity(key_len * keys.len());
+        for k in keys {
+            if k.as_ref().len() != key_len {
+                return Err(Error::invalid("all keys of a job must have the same length"));
+            }
+            bytes.extend_from_slice(k.as_ref());
+        }
+        Self::new(&bytes, key_len)
+    }
+
+    /// A batch of no keys (a job rejected before its keys could be read).
+    pub(crate) fn empty() -> Self {
+        KeyBatch { bytes: Arc::from(&[][..]), key_len: 1 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.key_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn key_len(&self) -> usize {
+        self.key_len
+    }
+
+    pub fn get(&self, i: usize) -> &[u8] {
+        &self.bytes[i * self.key_len..(i + 1) * self.key_len]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        self.bytes.chunks_exact(self.key_len)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// The one result of a submitted job.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    pub job_id: u64,
+    pub kind: JobKind,
+    /// `Ok` only if every key succeeded; otherwise the first failing key's status.
+    pub status: Status,
+    /// Bytes moved by the keys that succeeded.
+    pub bytes: u64,
+    /// Seconds from submission to completion.
+    pub seconds: f64,
+    /// Outcome of each key, in submission order.
+    pub key_status: Vec<Status>,
+    /// The job's keys, in submission order.
+    pub keys: KeyBatch,
+    /// Why the job failed; empty on success.
+    pub message: String,
+}
+
+impl JobResult {
+    pub fn succeeded(&self) -> bool {
+        self.status.is_ok()
+    }
+
+    /// Keys whose own outcome is `Ok`.
+    pub fn successful_keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().zip(&self.key_status).filter(|(_, s)| s.is_ok()).map(|(k, _)| k)
+    }
+}
+
+pub(crate) enum Phase {
+    Running { kind: JobKind, keys: KeyBatch, submitted: Instant },
+    Finished,
+}
+
+#[derive(Default)]
+pub(crate) struct JobTable {
+    /// Every job id submitted and not yet handed out by `poll`.
+    pub(crate) jobs: HashMap<u64, Phase>,
+    pub(crate) running: usize,
+    /// Blocks held by jobs whose result has not been polled: any number of store jobs
+    /// (readers), or one load job (the writer).
+    holds: HashMap<u64, BlockHold>,
+    /// The blocks each accepted job holds, released when its result is polled.
+    held_by: HashMap<u64, (JobKind, Vec<u64>)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockHold {
+    kind: JobKind,
+    /// One of the holding jobs, for messages.
+    job_id: u64,
+    jobs: usize,
+}
+
+impl JobTable {
+    /// Lets `job_id` hold `blocks`, unless a job whose result was not polled yet holds one
+    /// of them in a conflicting way (a load with anything else).
+    pub(crate) fn hold(&mut self, kind: JobKind, job_id: u64, blocks: &[u64]) -> Result<()> {
+        let mut distinct = blocks.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        for block in &distinct {
+            if let Some(hold) = self.holds.get(block) {
+                if hold.kind == JobKind::Load || kind == JobKind::Load {
+                    let holder = match hold.kind {
+                        JobKind::Load => "a load writing into it",
+                        JobKind::Store => "a store reading it",
+                    };
+                    return Err(Error::new(
+                        Status::BlockBusy,
+                        format!(
+                            "block {block} is held by job {} ({holder}) until that job's result is polled; a block may be read by several store jobs at once, but a load needs it alone",
+                            hold.job_id
+                        ),
+                    ));
+                }
+            }
+        }
+        for &block in &distinct {
+            self.holds.entry(block).and_modify(|h| h.jobs += 1).or_insert(BlockHold { kind, job_id, jobs: 1 });
+        }
+        self.held_by.insert(job_id, (kind, distinct));
+        Ok(())
+    }
+
+    /// Releases the blocks of a job whose result was handed out.
+    pub(crate) fn release(&mut self, job_id: u64) {
+        let Some((_, blocks)) = self.held_by.remove(&job_id) else { return };
+        for block in blocks {
+            if let std::collections::hash_map::Entry::Occupied(mut hold) = self.holds.entry(block) {
+                hold.get_mut().jobs -= 1;
+                if hold.get().jobs == 0 {
+                    hold.remove();
+                }
+            }
+        }
+    }
+}
+
+
+/// Readable exactly while results wait to be polled. Both sides change it under the job
+/// table lock: `finish` raises it when the queue turns non-empty, `poll` clears it when it
+/// empties the queue, so the caller pays at most one syscall per poll.
+pub(crate) struct ReadyFd(RawFd);
+
+impl ReadyFd {
+    pub(crate) fn new() -> Result<Self> {
+        // SAFETY: a plain syscall with constant flags.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::new(
+                Status::Io,
+                format!("eventfd: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        Ok(ReadyFd(fd))
+    }
+    pub(crate) fn raise(&self) {
+        let one: u64 = 1;
+        // SAFETY: the eventfd this value owns, and an 8-byte buffer as eventfd requires.
+        unsafe { libc::write(self.0, &one as *const u64 as *const libc::c_void, 8) };
+    }
+    pub(crate) fn clear(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: the eventfd this value owns, and an 8-byte buffer as eventfd requires.
+        unsafe { libc::read(self.0, &mut value as *mut u64 as *mut libc::c_void, 8) };
+    }
+}
+
+impl ReadyFd {
+    pub(crate) fn fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+impl Drop for ReadyFd {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is owned by this value and closed once, here.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+
+pub(crate) fn failed_result(job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) -> JobResult {
+    JobResult {
+        job_id,
+        kind,
+        status: error.status,
+        bytes: 0,
+        seconds: 0.0,
+        key_status: vec![error.status; keys.len()],
+        keys,
+        message: error.message.clone(),
+    }
+}
+

@@ -1,0 +1,556 @@
+//! The tier engine: job table, I/O runtime and completion queue.
+//!
+//! Submission runs on the caller's thread and only validates and spawns; the I/O runs on
+//! the tier's own tokio runtime; completions come back through a crossbeam channel, with
+//! an eventfd that is readable while results wait.
+//!
+//! Rooms: `jobs` (what is submitted and what comes back), `transfer` (moving blocks),
+//! `dedup` (what the tier remembers about keys), `lookup` (non-blocking existence
+//! lookups), `events`, `stats`, `runtime`.
+
+mod dedup;
+mod events;
+mod jobs;
+mod lookup;
+mod runtime;
+mod stats;
+mod transfer;
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use futures::FutureExt;
+use tokio::runtime::Runtime;
+use tokio::sync::Semaphore;
+
+use crate::config::{StoreConfig, TierConfig};
+use crate::error::{panic_message, Error, Result, Status};
+use crate::key::{split_key, KeyLayout};
+use crate::pool::HostPool;
+use crate::store::{ProbeOutcome, Store};
+use dedup::Dedup;
+use jobs::{failed_result, JobTable, Phase, ReadyFd};
+use lookup::{Answer, LookupTable};
+
+pub use events::{StoredEvent, EVENT_MEDIUM};
+pub use jobs::{JobKind, JobResult, KeyBatch, MAX_KEYS_PER_JOB};
+pub use lookup::LookupResult;
+pub use stats::{StatsField, StatsSnapshot, STATS_FIELDS};
+
+/// What the caller's side and the I/O side of a tier share.
+pub(crate) struct Shared {
+    /// The store of the transfer lane.
+    store: Arc<Store>,
+    /// The store client of the lookup lane (its own when the lane is separate:
+    /// connections belong to the runtime that opened them).
+    lookup_store: Arc<Store>,
+    layout: KeyLayout,
+    config: TierConfig,
+    probe: ProbeOutcome,
+    pool: OnceLock<HostPool>,
+    transfer_permits: Semaphore,
+    lookup_permits: Semaphore,
+    table: Mutex<JobTable>,
+    table_changed: Condvar,
+    results_tx: Sender<JobResult>,
+    ready: ReadyFd,
+    closing: AtomicBool,
+    answers_tx: Sender<Vec<Answer>>,
+    stats: stats::Stats,
+    dedup: Dedup,
+}
+
+struct Lookups {
+    table: LookupTable,
+    answers_rx: Receiver<Vec<Answer>>,
+}
+
+impl Lookups {
+    fn apply_answers(&mut self) {
+        while let Ok(batch) = self.answers_rx.try_recv() {
+            self.table.apply(batch);
+        }
+    }
+}
+
+
+impl Shared {
+    async fn transfer_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.transfer_permits
+            .acquire()
+            .await
+            .map_err(|_| Error::new(Status::Cancelled, "the tier shut down before the transfer started"))
+    }
+
+    fn table(&self) -> MutexGuard<'_, JobTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes a job's one result. A second finish for the same id is dropped.
+    fn finish(&self, result: JobResult) {
+        let mut table = self.table();
+        match table.jobs.get_mut(&result.job_id) {
+            Some(phase @ Phase::Running { .. }) => {
+                *phase = Phase::Finished;
+                table.running -= 1;
+            }
+            _ => {
+                log::error!("job {} finished twice; second result dropped", result.job_id);
+                return;
+            }
+        }
+        if self.results_tx.is_empty() {
+            self.ready.raise();
+        }
+        let _ = self.results_tx.send(result);
+        drop(table);
+        self.table_changed.notify_all();
+    }
+}
+
+
+/// A secondary KV-cache tier.
+///
+/// All methods take `&self`; the tier is `Send + Sync`. `poll` must not run concurrently
+/// with itself if the caller relies on result order.
+pub struct Tier {
+    shared: Arc<Shared>,
+    runtime: RwLock<Option<Runtime>>,
+    /// The lookup lane's own runtime (one thread) and HTTP client, so that existence
+    /// checks neither queue behind transfer tasks nor wait for a pooled connection.
+    lookup_runtime: RwLock<Option<Runtime>>,
+    results_rx: Receiver<JobResult>,
+    lookups: Mutex<Lookups>,
+    events: Mutex<Vec<StoredEvent>>,
+}
+
+impl Tier {
+    /// Parses `json`, builds the store and probes it.
+    pub fn from_json(json: &str) -> Result<Tier> {
+        Tier::new(TierConfig::from_json(json)?)
+    }
+
+    pub fn new(config: TierConfig) -> Result<Tier> {
+        config.validate()?;
+        let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
+        let (runtime, store) =
+            runtime::runtime_with_store(&config.store, config.runtime_threads, "kvtier-io", config.transfer_thread_nice)?;
+        let probe_name = layout.probe_name();
+        let probe = runtime.block_on(store.probe(&probe_name))?;
+        let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
+        let store = Arc::new(store);
+        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
+            let (lane, lane_store) = runtime::runtime_with_store(&config.store, 1, "kvtier-lookup", 0)?;
+            (Some(lane), Arc::new(lane_store))
+        } else {
+            (None, store.clone())
+        };
+        let (results_tx, results_rx) = crossbeam_channel::unbounded();
+        let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
+        log::info!("kvtier tier ready on {}", store.describe());
+        let shared = Arc::new(Shared {
+            store,
+            lookup_store,
+            layout,
+            transfer_permits: Semaphore::new(config.max_inflight_transfers),
+            lookup_permits: Semaphore::new(config.max_inflight_lookups),
+            dedup: Dedup::new(dedup_mode, config.known_keys_capacity),
+            config,
+            probe,
+            pool: OnceLock::new(),
+            table: Mutex::new(JobTable::default()),
+            table_changed: Condvar::new(),
+            results_tx,
+            ready: ReadyFd::new()?,
+            closing: AtomicBool::new(false),
+            answers_tx,
+            stats: stats::Stats::default(),
+        });
+        Ok(Tier {
+            shared,
+            runtime: RwLock::new(Some(runtime)),
+            lookup_runtime: RwLock::new(lookup_runtime),
+            results_rx,
+            lookups: Mutex::new(Lookups { table: LookupTable::default(), answers_rx }),
+            events: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn config(&self) -> &TierConfig {
+        &self.shared.config
+    }
+
+    pub fn layout(&self) -> &KeyLayout {
+        &self.shared.layout
+    }
+
+    /// The store the tier writes to and reads from.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// Whether start-up found that missing keys answer 403 (no ListBucket permission).
+    pub fn missing_keys_are_forbidden(&self) -> bool {
+        self.shared.probe == ProbeOutcome::ReadyWithoutList
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
+    /// Registers the caller's host pool. Allowed once per tier.
+    ///
+    /// # Safety
+    /// `base .. base + num_blocks * block_bytes` must stay valid until [`shutdown`](Self::shutdown)
+    /// returns, and the caller must not write a block while a store job reads it or touch
+    /// a block while a load job writes it.
+    pub unsafe fn register_memory(&self, base: *mut u8, num_blocks: u64, block_bytes: usize) -> Result<()> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "register_memory after shutdown"));
+        }
+        // SAFETY: this function's own contract, passed on.
+        let pool = unsafe { HostPool::new(base, num_blocks, block_bytes)? };
+        self.shared
+            .pool
+            .set(pool)
+            .map_err(|_| Error::state("memory is already registered; a tier has one host pool"))
+    }
+
+    pub fn pool(&self) -> Option<HostPool> {
+        self.shared.pool.get().copied()
+    }
+
+    /// Submits a job moving `keys[i]` to or from block `block_ids[i]`.
+    ///
+    /// Never blocks. Unless it returns `DuplicateJob`, exactly one result for `job_id`
+    /// will come out of [`poll`](Self::poll), also when this returns an error.
+    pub fn submit(&self, kind: JobKind, job_id: u64, block_ids: &[u64], keys: KeyBatch) -> Result<()> {
+        self.admit(kind, job_id, &keys)?;
+        match self.prepare(kind, block_ids, &keys).and_then(|()| self.shared.table().hold(kind, job_id, block_ids)) {
+            Ok(()) => self.launch(kind, job_id, block_ids.to_vec(), keys),
+            Err(e) => {
+                self.fail_admitted(job_id, kind, keys, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a job that was rejected before its arguments could be read (NULL pointers
+    /// at the C boundary), so that it still yields its one failed result.
+    pub fn submit_rejected(&self, kind: JobKind, job_id: u64, num_keys: usize, error: Error) -> Error {
+        let keys = KeyBatch::empty();
+        if let Err(dup) = self.admit(kind, job_id, &keys) {
+            return dup;
+        }
+        let mut result = failed_result(job_id, kind, keys, &error);
+        // Per-key outcomes only for a plausible job size: the count came from the caller
+        // unchecked and must not decide an allocation.
+        if num_keys <= MAX_KEYS_PER_JOB {
+            result.key_status = vec![error.status; num_keys];
+        }
+        self.shared.finish(result);
+        error
+    }
+
+    fn admit(&self, kind: JobKind, job_id: u64, keys: &KeyBatch) -> Result<()> {
+        let mut table = self.shared.table();
+        if table.jobs.contains_key(&job_id) {
+            return Err(Error::new(
+                Status::DuplicateJob,
+                format!("job id {job_id} already has a result pending; poll it before reusing the id"),
+            ));
+        }
+        table.jobs.insert(job_id, Phase::Running { kind, keys: keys.clone(), submitted: Instant::now() });
+        table.running += 1;
+        Ok(())
+    }
+
+    fn fail_admitted(&self, job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) {
+        self.shared.finish(failed_result(job_id, kind, keys, error));
+    }
+
+    fn prepare(&self, kind: JobKind, block_ids: &[u64], keys: &KeyBatch) -> Result<()> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "submit after shutdown"));
+        }
+        let pool = self
+            .shared
+            .pool
+            .get()
+            .ok_or_else(|| Error::state("no memory registered: call register_memory before submitting jobs"))?;
+        if keys.is_empty() {
+            return Err(Error::invalid("a job needs at least one key"));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a job has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
+        }
+        if keys.len() != block_ids.len() {
+            return Err(Error::invalid(format!(
+                "{} keys but {} block ids; a job moves one block per key",
+                keys.len(),
+                block_ids.len()
+            )));
+        }
+        let expected = self.shared.config.key_bytes;
+        if expected != 0 && keys.key_len() != expected {
+            return Err(Error::invalid(format!(
+                "keys are {} bytes but this tier is configured for key_bytes = {expected}",
+                keys.key_len()
+            )));
+        }
+        for &block in block_ids {
+            pool.check_block(block)?;
+        }
+        if kind == JobKind::Load {
+            let mut seen = std::collections::HashSet::with_capacity(block_ids.len());
+            for &block in block_ids {
+                if !seen.insert(block) {
+                    return Err(Error::invalid(format!(
+                        "block id {block} appears twice in one load job; two keys cannot load into one block"
+                    )));
+                }
+            }
+        }
+        // Only validation here: the object names are built on the I/O side (`run_job`), so
+        // the caller's thread pays neither the hex formatting nor the path allocations.
+        for key in keys.iter() {
+            split_key(key)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&self, kind: JobKind, job_id: u64, block_ids: Vec<u64>, keys: KeyBatch) -> Result<()> {
+        let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
+        let Some(runtime) = runtime.as_ref() else {
+            let e = Error::new(Status::ShutDown, "submit after shutdown");
+            self.fail_admitted(job_id, kind, keys, &e);
+            return Err(e);
+        };
+        let shared = self.shared.clone();
+        let submitted = Instant::now();
+        runtime.spawn(async move {
+            let job = transfer::run_job(shared.clone(), kind, job_id, block_ids, keys.clone(), submitted);
+            let result = match std::panic::AssertUnwindSafe(job).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => {
+                    let e = Error::new(Status::Panic, format!("job {job_id} panicked: {}", panic_message(&*panic)));
+                    failed_result(job_id, kind, keys, &e)
+                }
+            };
+            shared.finish(result);
+        });
+        Ok(())
+    }
+
+    /// Takes up to `max` finished jobs. Each job is returned exactly once.
+    pub fn poll(&self, max: usize) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        // Under the table lock, `finish` is either wholly done or not begun.
+        let mut table = self.shared.table();
+        while out.len() < max {
+            match self.results_rx.try_recv() {
+                Ok(result) => {
+                    table.jobs.remove(&result.job_id);
+                    table.release(result.job_id);
+                    out.push(result);
+                }
+                Err(_) => break,
+            }
+        }
+        if !out.is_empty() && self.results_rx.is_empty() {
+            self.shared.ready.clear();
+        }
+        drop(table);
+        self.after_poll(&out);
+        out
+    }
+
+    /// Applies finished jobs to lookups and events, in vLLM's order: failed load keys
+    /// become MISS for the requests holding them; successful stores yield one event.
+    fn after_poll(&self, results: &[JobResult]) {
+        let failed_loads = results.iter().any(|r| r.kind == JobKind::Load && !r.succeeded());
+        if failed_loads {
+            let mut lookups = self.lookups();
+            for r in results.iter().filter(|r| r.kind == JobKind::Load) {
+                let failed = r.keys.iter().zip(&r.key_status).filter(|(_, s)| !s.is_ok()).map(|(k, _)| k);
+                lookups.table.mark_miss(failed);
+            }
+        }
+        if self.shared.config.enable_kv_events {
+            let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+            for r in results.iter().filter(|r| r.kind == JobKind::Store && r.succeeded()) {
+                events.push(StoredEvent { job_id: r.job_id, keys: r.keys.clone(), locality: self.shared.config.locality });
+            }
+        }
+    }
+
+    fn lookups(&self) -> MutexGuard<'_, Lookups> {
+        self.lookups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Does the tier hold `key`? Never blocks and never does I/O: an unknown key answers
+    /// `Retry` and is checked after the next [`schedule_end`](Self::schedule_end).
+    pub fn lookup(&self, request: u64, key: &[u8]) -> Result<LookupResult> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "lookup after shutdown"));
+        }
+        self.check_key(key)?;
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        Ok(lookups.table.lookup(request, key))
+    }
+
+    /// Sends the lookups asked since the last call as one batch to the lookup lane.
+    pub fn schedule_end(&self) -> Result<()> {
+        let groups = {
+            let mut lookups = self.lookups();
+            lookups.apply_answers();
+            lookups.table.flush()
+        };
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let task = async move {
+            let answers = lookup::check_groups(&shared, groups).await;
+            let _ = shared.answers_tx.send(answers);
+        };
+        let lane = self.lookup_runtime.read().unwrap_or_else(|p| p.into_inner());
+        let spawned = match lane.as_ref() {
+            Some(rt) => Some(drop(rt.spawn(task))),
+            None => self.with_runtime(|rt| drop(rt.spawn(task))),
+        };
+        spawned.ok_or_else(|| Error::new(Status::ShutDown, "schedule_end after shutdown"))
+    }
+
+    /// The request will not look anything up again; verdicts only it held are dropped.
+    pub fn request_finished(&self, request: u64) {
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        lookups.table.request_finished(request);
+    }
+
+    /// Keys with lookup state (for tests).
+    pub fn tracked_lookup_keys(&self) -> usize {
+        self.lookups().table.tracked_keys()
+    }
+
+    /// Takes up to `max` of the BlockStored events recorded so far, oldest first.
+    pub fn take_events(&self, max: usize) -> Vec<StoredEvent> {
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let n = max.min(events.len());
+        events.drain(..n).collect()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut snapshot = self.shared.stats.snapshot();
+        // The direct path's counters live with the stores that count them.
+        let mut stores = vec![&self.shared.store];
+        if !Arc::ptr_eq(&self.shared.store, &self.shared.lookup_store) {
+            stores.push(&self.shared.lookup_store);
+        }
+        for store in stores {
+            let direct = store.direct_counts();
+            snapshot.direct_requests += direct.requests;
+            snapshot.direct_fallbacks += direct.fallbacks;
+        }
+        snapshot
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        let expected = self.shared.config.key_bytes;
+        if expected != 0 && key.len() != expected {
+            return Err(Error::invalid(format!(
+                "key is {} bytes but this tier is configured for key_bytes = {expected}",
+                key.len()
+            )));
+        }
+        split_key(key).map(|_| ())
+    }
+
+    /// A file descriptor that is readable while results wait. Owned by the tier.
+    pub fn ready_fd(&self) -> RawFd {
+        self.shared.ready.fd()
+    }
+
+    /// Jobs submitted and not yet finished.
+    pub fn jobs_in_flight(&self) -> usize {
+        self.shared.table().running
+    }
+
+    /// Waits until no job is in flight. Results stay queued for `poll`.
+    pub fn drain(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut table = self.shared.table();
+        while table.running > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::new(
+                    Status::Timeout,
+                    format!("{} jobs still in flight after {} ms", table.running, timeout.as_millis()),
+                ));
+            }
+            table = self
+                .shared
+                .table_changed
+                .wait_timeout(table, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Stops the tier: refuses new work, cancels work that has not started (reported as
+    /// `Cancelled`), waits for operations in progress, and stops the runtime. Afterwards
+    /// no thread of the tier touches the host pool; results stay available to `poll`.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        let runtime = self.runtime.write().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(runtime) = runtime else { return };
+        let lookup_runtime = self.lookup_runtime.write().unwrap_or_else(|p| p.into_inner()).take();
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.transfer_permits.close();
+        self.shared.lookup_permits.close();
+        let grace = Duration::from_millis(self.shared.config.shutdown_timeout_ms);
+        if let Err(e) = self.drain(grace) {
+            log::warn!("shutdown: {}; abandoning them", e.message);
+        }
+        // Dropping the runtime waits for blocking file I/O and drops every task, so no
+        // code of the tier runs after this line.
+        drop(runtime);
+        drop(lookup_runtime);
+        let abandoned: Vec<(u64, JobKind, KeyBatch, Instant)> = self
+            .shared
+            .table()
+            .jobs
+            .iter()
+            .filter_map(|(&id, phase)| match phase {
+                Phase::Running { kind, keys, submitted } => Some((id, *kind, keys.clone(), *submitted)),
+                Phase::Finished => None,
+            })
+            .collect();
+        for (id, kind, keys, submitted) in abandoned {
+            let e = Error::new(Status::Cancelled, "the tier shut down before the job finished");
+            let mut result = failed_result(id, kind, keys, &e);
+            result.seconds = submitted.elapsed().as_secs_f64();
+            self.shared.finish(result);
+        }
+    }
+
+    pub(crate) fn with_runtime<R>(&self, f: impl FnOnce(&Runtime) -> R) -> Option<R> {
+        let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
+        runtime.as_ref().map(f)
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

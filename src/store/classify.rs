@@ -1,0 +1,197 @@
+//! Store errors mapped to the library status, and turned into one-line messages.
+
+use std::time::Duration;
+
+use object_store::path::Path;
+
+use super::credentials::scrub;
+use super::DynStore;
+use crate::error::{Error, Status};
+
+/// A failed operation on one object, as the error a job reports.
+pub(crate) fn op_error(op: &str, path: &Path, e: &object_store::Error) -> Error {
+    if let object_store::Error::JoinError { source } = e {
+        // The store's blocking task was abandoned at shutdown: the job is cancelled.
+        return Error::join(&format!("{op} {path}"), source);
+    }
+    // classify maps a 416 / InvalidRange answer to LengthMismatch itself.
+    Error::new(classify(e), format!("{op} {path}: {}", error_chain(e)))
+}
+
+/// The S3 error code in a response body (`<Code>NoSuchKey</Code>`), if any.
+pub(crate) fn s3_error_code(text: &str) -> Option<&str> {
+    let start = text.find("<Code>")? + "<Code>".len();
+    let len = text[start..].find("</Code>")?;
+    Some(&text[start..start + len])
+}
+
+pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
+    Some(match code {
+        "NoSuchBucket" => Status::BucketNotFound,
+        "NoSuchKey" | "NotFound" => Status::NotFound,
+        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken" | "TokenRefreshRequired"
+        | "InvalidSecurity" | "AuthorizationHeaderMalformed" | "MissingSecurityHeader" | "RequestTimeTooSkewed"
+        | "NotSignedUp" | "InvalidClientTokenId" => {
+            Status::Auth
+        }
+        "AccessDenied" | "AllAccessDisabled" | "AccountProblem" => Status::PermissionDenied,
+        "InvalidRange" => Status::LengthMismatch,
+        "RequestTimeout" => Status::Timeout,
+        _ => return None,
+    })
+}
+
+/// The transport error inside a store error, if the failure happened below HTTP.
+fn http_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a object_store::client::HttpError> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(h) = e.downcast_ref::<object_store::client::HttpError>() {
+            return Some(h);
+        }
+        current = e.source();
+    }
+    None
+}
+
+fn is_tls_text(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    t.contains("certificate")
+        || t.contains("unknownissuer")
+        || t.contains("tls")
+        || t.contains("handshake")
+        || t.contains("corrupt message")
+}
+
+/// Maps a store error to the library status.
+pub(crate) fn classify(error: &object_store::Error) -> Status {
+    use object_store::client::HttpErrorKind;
+    use object_store::Error as E;
+    let text = error_chain(error);
+    // The S3 error code of a response body is the most precise signal: it tells a
+    // missing bucket from a missing key, and bad credentials from a refused permission.
+    if let Some(status) = s3_error_code(&text).and_then(status_of_s3_code) {
+        return status;
+    }
+    match error {
+        E::NotFound { .. } => return Status::NotFound,
+        E::PermissionDenied { .. } => return Status::PermissionDenied,
+        E::Unauthenticated { .. } => return Status::Auth,
+        _ => {}
+    }
+    // A range the object cannot satisfy (416, or object_store's own range check): the
+    // object is shorter than the block.
+    if text.contains("status code: 416") || text.contains("Requested range was invalid") {
+        return Status::LengthMismatch;
+    }
+    if let Some(http) = http_error(error) {
+        let transport = error_chain(http);
+        if is_tls_text(&transport) {
+            return Status::Tls;
+        }
+        return match http.kind() {
+            HttpErrorKind::Connect => Status::Connect,
+            HttpErrorKind::Timeout => Status::Timeout,
+            _ => Status::Io,
+        };
+    }
+    if text.contains("InvalidAccessKeyId") || text.contains("SignatureDoesNotMatch") || text.contains("ExpiredToken") {
+        Status::Auth
+    } else if text.contains("403 Forbidden") {
+        Status::PermissionDenied
+    } else if text.contains("invalid peer certificate") || text.contains("UnknownIssuer") {
+        Status::Tls
+    } else if text.contains("error sending request")
+        || text.contains("onnection refused")
+        || text.contains("dns error")
+        || text.contains("error trying to connect")
+    {
+        Status::Connect
+    } else if text.contains("timed out") || text.contains("Timeout") {
+        Status::Timeout
+    } else {
+        Status::Io
+    }
+}
+
+/// Whether a request that failed this way may have left no answer behind while the server
+/// did or did not act on it: a timeout or a connection cut mid-exchange. `object_store`
+/// repeats such requests only when it deems them idempotent, which a conditional PUT
+/// (`If-None-Match: *`) is not in its eyes; for kvtier it is, because a repeat that finds
+/// the object answers 412 and counts as stored.
+pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
+    use object_store::client::HttpErrorKind;
+    http_error(error).is_some_and(|h| matches!(h.kind(), HttpErrorKind::Timeout | HttpErrorKind::Interrupted))
+}
+
+/// `put_opts`, repeated on a timeout or a cut connection when `options` is a create
+/// (`PutMode::Create`), up to `retries` times with exponential backoff and jitter, as
+/// `object_store` does for the requests it repeats itself. A repeat answered 412 comes
+/// back as `AlreadyExists`: the object is in the store.
+pub(super) async fn put_with_retries(
+    store: &DynStore,
+    path: &Path,
+    payload: object_store::PutPayload,
+    options: object_store::PutOptions,
+    retries: usize,
+) -> object_store::Result<object_store::PutResult> {
+    let create = matches!(options.mode, object_store::PutMode::Create);
+    let mut attempt = 0;
+    loop {
+        match store.put_opts(path, payload.clone(), options.clone()).await {
+            Err(e) if create && attempt < retries && is_interrupted(&e) => {
+                attempt += 1;
+                let backoff = retry_backoff(attempt);
+                log::info!(
+                    "conditional PUT {path} interrupted ({}); retry {attempt} of {retries} in {} ms",
+                    error_chain(&e),
+                    backoff.as_millis()
+                );
+                tokio::time::sleep(backoff).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Backoff before retry `attempt` (1-based): 50 ms doubling up to 5 s, with full jitter
+/// over its upper half.
+fn retry_backoff(attempt: usize) -> Duration {
+    let ceiling = 50u64.saturating_mul(1 << attempt.min(7).saturating_sub(1)).min(5_000);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let jitter = u64::from(nanos) % (ceiling / 2 + 1);
+    Duration::from_millis(ceiling / 2 + jitter)
+}
+
+/// The error and all its sources as one line, with every known credential removed.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    // Error bodies may span lines; a message is one line.
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    scrub(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_codes_map_to_statuses() {
+        let body = "Server returned non-2xx status code: 403 Forbidden: <?xml?><Error><Code>SignatureDoesNotMatch</Code></Error>";
+        assert_eq!(s3_error_code(body), Some("SignatureDoesNotMatch"));
+        assert_eq!(status_of_s3_code("SignatureDoesNotMatch"), Some(Status::Auth));
+        assert_eq!(status_of_s3_code("NoSuchBucket"), Some(Status::BucketNotFound));
+        assert_eq!(status_of_s3_code("AccessDenied"), Some(Status::PermissionDenied));
+        assert_eq!(status_of_s3_code("SlowDown"), None);
+        assert_eq!(s3_error_code("no body"), None);
+    }
+
+}

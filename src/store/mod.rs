@@ -1,0 +1,312 @@
+//! Stores: where blocks live. Every backend is an `object_store::ObjectStore` client; a
+//! [`Store`] adds what kvtier knows about it (how to describe it, its direct HTTP path,
+//! where its checksums are recorded) and offers the block operations the engine uses:
+//! write, read into a block, exists, delete, and the start-up probe.
+//!
+//! Data flows one way: the engine calls a `Store`; a `Store` never calls the engine.
+
+mod classify;
+mod credentials;
+pub(crate) mod direct;
+mod local;
+mod probe;
+mod s3;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{GetOptions, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::config::StoreConfig;
+use crate::error::{Error, Result, Status};
+use crate::integrity;
+use crate::pool::BlockSlot;
+
+pub use classify::error_chain;
+pub(crate) use classify::{classify, op_error};
+pub use credentials::CredentialSource;
+pub use probe::ProbeOutcome;
+
+use direct::{DirectError, DirectHttp};
+
+/// An `object_store` client.
+pub type DynStore = Arc<dyn ObjectStore>;
+
+/// What kind of store a [`Store`] talks to, where that changes how blocks are handled.
+enum Backend {
+    /// A local directory: checksums live in extended attributes.
+    Local { root: PathBuf },
+    /// Process memory: the store keeps the PUT body itself, so it gets a copy, never a
+    /// view of caller memory.
+    Memory,
+    /// An S3-compatible server.
+    S3 { ca_bundle: String, credentials: CredentialSource },
+}
+
+/// A store as a tier (or the command line) uses it.
+pub struct Store {
+    client: DynStore,
+    backend: Backend,
+    /// The zero-copy GET/HEAD path of plain-http S3 endpoints, if any.
+    direct: Option<Arc<DirectHttp>>,
+    describe: String,
+    /// Retries (after the first attempt) of one request.
+    max_retries: usize,
+    direct_requests: AtomicU64,
+    direct_fallbacks: AtomicU64,
+}
+
+/// What a block write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    Stored,
+    /// A conditional create found the object in the store already.
+    AlreadyStored,
+}
+
+/// What a block read found, beside the bytes now in the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadBlock {
+    /// The checksum recorded with the object, if any.
+    pub(crate) recorded: Option<u32>,
+    /// The checksum of the bytes read, when asked for.
+    pub(crate) computed: Option<u32>,
+}
+
+/// Counters of the direct HTTP path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DirectCounts {
+    pub(crate) requests: u64,
+    pub(crate) fallbacks: u64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("describe", &self.describe).field("client", &self.client).finish()
+    }
+}
+
+impl Store {
+    /// Builds the store a configuration describes. Does no I/O except creating a local
+    /// root and reading the AWS shared credentials/config files. Must be called inside the
+    /// tokio runtime that will run its requests (an HTTP client's connections belong to
+    /// the runtime that opens them).
+    pub fn open(config: &StoreConfig) -> Result<Store> {
+        let (client, backend, direct, max_retries) = match config {
+            StoreConfig::Local(local) => {
+                (local::open(&local.path)?, Backend::Local { root: local.path.clone() }, None, 0)
+            }
+            StoreConfig::Memory(_) => (Arc::new(InMemory::new()) as DynStore, Backend::Memory, None, 0),
+            StoreConfig::S3(config) => {
+                let built = s3::open(config)?;
+                let backend = Backend::S3 { ca_bundle: config.ca_bundle.clone(), credentials: built.credentials };
+                (built.client, backend, built.direct, config.max_retries)
+            }
+        };
+        Ok(Store {
+            client,
+            backend,
+            direct,
+            describe: describe(config),
+            max_retries,
+            direct_requests: AtomicU64::new(0),
+            direct_fallbacks: AtomicU64::new(0),
+        })
+    }
+
+    /// The `object_store` client, for operations kvtier does not wrap.
+    pub fn client(&self) -> &DynStore {
+        &self.client
+    }
+
+    /// The store in words, for messages: "s3 bucket \"kv\" at http://…".
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    pub(crate) fn direct_counts(&self) -> DirectCounts {
+        DirectCounts {
+            requests: self.direct_requests.load(Ordering::Relaxed),
+            fallbacks: self.direct_fallbacks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether `path` exists. "Not found" is `false`; a 403 is `false` only when
+    /// `missing_is_forbidden` (the principal lacks ListBucket, so S3 answers 403 for
+    /// missing keys); anything else is an error. Plain-http S3 endpoints are asked on the
+    /// direct path first; anything unexpected there is asked again through the client.
+    pub async fn exists(&self, path: &Path, missing_is_forbidden: bool) -> Result<bool> {
+        if let Some(direct) = &self.direct {
+            self.direct_requests.fetch_add(1, Ordering::Relaxed);
+            match direct.exists(path.as_ref(), missing_is_forbidden).await {
+                Ok(found) => return Ok(found),
+                Err(e) => {
+                    self.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("existence check {path}: direct HEAD failed ({e:?}); repeating it through the store client");
+                }
+            }
+        }
+        match self.client.head(path).await {
+            Ok(_) => Ok(true),
+            Err(e) => match classify(&e) {
+                Status::NotFound => Ok(false),
+                Status::PermissionDenied if missing_is_forbidden => Ok(false),
+                status => Err(Error::new(status, format!("exists {path}: {}", error_chain(&e)))),
+            },
+        }
+    }
+
+    /// Writes one block. `crc` is recorded beside the bytes; `create` asks the store to
+    /// refuse the write if the object exists (conditional PUT), which then answers
+    /// [`Written::AlreadyStored`].
+    pub(crate) async fn write_block(&self, path: &Path, body: Bytes, crc: Option<u32>, create: bool) -> Result<Written> {
+        let attributes = match (&self.backend, crc) {
+            (Backend::Local { .. }, _) | (_, None) => Default::default(),
+            (_, Some(crc)) => integrity::checksum_attributes(crc),
+        };
+        let body = match self.backend {
+            Backend::Memory => Bytes::copy_from_slice(&body),
+            _ => body,
+        };
+        let mode = if create { PutMode::Create } else { PutMode::Overwrite };
+        let options = PutOptions { mode, attributes, ..Default::default() };
+        // A conditional PUT cut short by a timeout or a reset is repeated here: object_store
+        // repeats only PUTs it deems idempotent, and a repeat that finds the object is a 412.
+        match classify::put_with_retries(&self.client, path, PutPayload::from_bytes(body), options, self.max_retries).await {
+            Ok(_) => {
+                if let (Backend::Local { root }, Some(crc)) = (&self.backend, crc) {
+                    integrity::set_file_checksum(&root.join(path.as_ref()), crc);
+                }
+                Ok(Written::Stored)
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(Written::AlreadyStored),
+            Err(e) => Err(op_error("store", path, &e)),
+        }
+    }
+
+    /// Reads the object at `path` into `slot`, which it must fill exactly. `checksum`
+    /// computes the CRC32C of the bytes read; `allow_direct` lets a plain-http S3 endpoint
+    /// answer on the direct path (falling back to the client on anything unexpected).
+    /// On error the slot may hold partial data.
+    pub(crate) async fn read_block(&self, path: &Path, slot: &mut BlockSlot, checksum: bool, allow_direct: bool) -> Result<ReadBlock> {
+        if let (Some(direct), true) = (&self.direct, allow_direct) {
+            self.direct_requests.fetch_add(1, Ordering::Relaxed);
+            let block_bytes = slot.len();
+            match direct.get_into(path.as_ref(), slot.as_mut_slice(), checksum).await {
+                Ok((recorded, computed)) => return Ok(ReadBlock { recorded, computed: checksum.then_some(computed) }),
+                Err(DirectError::Final(status, detail)) => return Err(Error::new(status, format!("load {path}: {detail}"))),
+                Err(DirectError::WrongLength(size)) => return Err(length_mismatch(path, size, block_bytes)),
+                Err(DirectError::Fallback(why)) => {
+                    self.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("load {path}: direct GET failed ({why}); repeating it through the store client");
+                }
+            }
+        }
+        self.read_block_through_client(path, slot, checksum).await
+    }
+
+    async fn read_block_through_client(&self, path: &Path, slot: &mut BlockSlot, checksum: bool) -> Result<ReadBlock> {
+        let block_bytes = slot.len();
+        // The whole object, without Range: servers that ignore Range answer 200 either way,
+        // and the size in the answer's head settles the length before any byte is read.
+        let got = self.client.get_opts(path, GetOptions::default()).await.map_err(|e| op_error("load", path, &e))?;
+        if got.meta.size != block_bytes as u64 {
+            return Err(length_mismatch(path, got.meta.size, block_bytes));
+        }
+        match got.payload {
+            GetResultPayload::File(file, _) => {
+                let mut dest = slot.reborrow();
+                let read = tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::FileExt;
+                    let recorded = integrity::file_checksum(&file);
+                    file.read_exact_at(dest.as_mut_slice(), 0)?;
+                    let computed = checksum.then(|| integrity::checksum(dest.as_slice()));
+                    Ok::<_, std::io::Error>(ReadBlock { recorded, computed })
+                })
+                .await
+                .map_err(|e| Error::join(&format!("load {path}"), &e))?;
+                read.map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        Error::new(Status::LengthMismatch, format!("load {path}: object shorter than {block_bytes} bytes"))
+                    } else {
+                        Error::new(Status::Io, format!("load {path}: {e}"))
+                    }
+                })
+            }
+            GetResultPayload::Stream(mut stream) => {
+                use futures::StreamExt;
+                let recorded = integrity::recorded_checksum(&got.attributes);
+                let dest = slot.as_mut_slice();
+                let mut filled = 0usize;
+                let mut crc = 0u32;
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| op_error("load", path, &e))?;
+                    let Some(piece) = dest.get_mut(filled..filled + chunk.len()) else {
+                        return Err(length_mismatch(path, (filled + chunk.len()) as u64, block_bytes));
+                    };
+                    piece.copy_from_slice(&chunk);
+                    if checksum {
+                        // The chunk is still in cache: checksum it now rather than in a second pass.
+                        crc = integrity::checksum_append(crc, &chunk);
+                    }
+                    filled += chunk.len();
+                }
+                if filled != block_bytes {
+                    return Err(length_mismatch(path, filled as u64, block_bytes));
+                }
+                Ok(ReadBlock { recorded, computed: checksum.then_some(crc) })
+            }
+        }
+    }
+
+    /// Deletes the object at `path`.
+    pub(crate) async fn delete(&self, path: &Path) -> Result<()> {
+        self.client.delete(path).await.map_err(|e| op_error("delete", path, &e))
+    }
+
+    /// Looks up a key that never exists, and fails with advice a user can act on if the
+    /// store is unreachable, refuses the credentials or lacks the bucket. See
+    /// [`probe::probe`].
+    pub async fn probe(&self, probe_name: &str) -> Result<ProbeOutcome> {
+        if let Backend::Local { root } = &self.backend {
+            local::check_writable(root)?;
+        }
+        probe::probe(self, probe_name).await
+    }
+
+    /// Whether the store refuses a second create of one object (conditional PUT), asked
+    /// with an object named after `probe_name`.
+    pub(crate) async fn honours_conditional_put(&self, probe_name: &str) -> bool {
+        probe::honours_conditional_put(self, probe_name).await
+    }
+}
+
+fn describe(config: &StoreConfig) -> String {
+    match config {
+        StoreConfig::Local(l) => format!("local directory {}", l.path.display()),
+        StoreConfig::Memory(_) => "in-memory store".to_string(),
+        StoreConfig::S3(s3) => format!(
+            "s3 bucket {:?} at {}",
+            s3.bucket,
+            s3::endpoint_url(&s3.endpoint_override, s3.scheme.as_deref()).unwrap_or_else(|| "AWS".to_string())
+        ),
+    }
+}
+
+fn length_mismatch(path: &Path, got: u64, want: usize) -> Error {
+    Error::new(Status::LengthMismatch, format!("load {path}: object holds {got} bytes but blocks are {want} bytes"))
+}
+
+/// The one `Path` of an object name, used by every request about that object (PUT, GET,
+/// HEAD, DELETE, on the general and the direct path): `Path::parse` keeps the name as it
+/// is, so the HTTP layer percent-encodes it exactly once (`modèle` goes out as
+/// `mod%C3%A8le`). `Path::from` would encode it first (`mod%C3%A8le` in the path, sent as
+/// `mod%25C3%25A8le`), naming another object. Layout names always parse; anything else
+/// falls back to `Path::from`.
+pub fn object_path(name: &str) -> Path {
+    Path::parse(name).unwrap_or_else(|_| Path::from(name))
+}

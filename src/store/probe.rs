@@ -1,0 +1,163 @@
+//! The start-up probe: what the store answers for a key that never exists, and whether
+//! it honours conditional PUT.
+
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use super::classify::{classify, error_chain, s3_error_code};
+use super::{object_path, Backend, Store};
+use crate::error::{Error, Result, Status};
+
+/// Outcome of the start-up connectivity probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The store answered "not found" (or found) for the probe key.
+    Ready,
+    /// The principal may read objects but gets 403 for missing keys (no ListBucket).
+    /// Existence checks then treat 403 as "absent".
+    ReadyWithoutList,
+}
+
+/// Looks up a key that never exists. "Not found" is success.
+///
+/// A HEAD answer has no body, so a 404 or 403 is followed by a GET of the same key,
+/// whose error body tells a missing key (`NoSuchKey`) from a missing bucket
+/// (`NoSuchBucket`), and a principal without ListBucket (`AccessDenied`) from bad
+/// credentials (`SignatureDoesNotMatch`, `InvalidAccessKeyId`). Some servers answer
+/// `NoSuchKey` for a key of a missing bucket; a listing of the probe's directory settles
+/// that.
+pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcome> {
+    let path = object_path(probe_name);
+    let describe = store.describe();
+    let client = &store.client;
+    let head_error = match client.head(&path).await {
+        Ok(_) => return Ok(ProbeOutcome::Ready),
+        Err(e) => e,
+    };
+    match classify(&head_error) {
+        Status::NotFound | Status::PermissionDenied | Status::Auth => {}
+        status => return Err(probe_error(status, &error_chain(&head_error), store)),
+    }
+    let get_error = match client.get(&path).await {
+        Ok(_) => return Ok(ProbeOutcome::Ready),
+        Err(e) => e,
+    };
+    let text = error_chain(&get_error);
+    match classify(&get_error) {
+        Status::NotFound => {}
+        Status::PermissionDenied if s3_error_code(&text) == Some("AccessDenied") => {
+            log::warn!(
+                "{describe}: the credentials get 403 AccessDenied for a missing key (no s3:ListBucket); \
+                 starting anyway and treating 403 on existence checks as absent"
+            );
+            return Ok(ProbeOutcome::ReadyWithoutList);
+        }
+        status => return Err(probe_error(status, &text, store)),
+    }
+    let directory = object_path(probe_name.rsplit_once('/').map_or("", |(dir, _)| dir));
+    match client.list_with_delimiter(Some(&directory)).await {
+        Err(e) if classify(&e) == Status::BucketNotFound => {
+            Err(probe_error(Status::BucketNotFound, &error_chain(&e), store))
+        }
+        Err(e) => {
+            log::debug!("{describe}: listing the probe directory failed ({}); the bucket answered GET, so starting", error_chain(&e));
+            Ok(ProbeOutcome::Ready)
+        }
+        Ok(_) => Ok(ProbeOutcome::Ready),
+    }
+}
+
+fn probe_error(status: Status, detail: &str, store: &Store) -> Error {
+    let describe = store.describe();
+    let (ca_bundle, credentials) = match &store.backend {
+        Backend::S3 { ca_bundle, credentials } => (ca_bundle.as_str(), format!(" (credentials from {credentials})")),
+        _ => ("", String::new()),
+    };
+    let advice = match status {
+        Status::Connect => "the endpoint is unreachable: check endpoint_override, scheme and that the server is running"
+            .to_string(),
+        Status::Tls => tls_advice(detail, ca_bundle),
+        Status::BucketNotFound => "the bucket does not exist: create it or fix store.bucket".to_string(),
+        Status::Auth => format!(
+            "the credentials were rejected{}: check the access key, secret key and session token, and the region{credentials}",
+            s3_error_code(detail).map(|c| format!(" ({c})")).unwrap_or_default()
+        ),
+        Status::PermissionDenied => format!(
+            "access was denied: the credentials need s3:GetObject and s3:PutObject on the bucket{credentials}"
+        ),
+        Status::Timeout => {
+            "the store did not answer in time: check endpoint_override, connect_timeout_ms and request_timeout_ms"
+                .to_string()
+        }
+        _ => "the store returned an error: check endpoint_override, scheme and the server's logs".to_string(),
+    };
+    let status = if status == Status::Timeout || status == Status::Io { Status::Connect } else { status };
+    Error::new(status, super::credentials::scrub(&format!("connectivity probe of {describe} failed: {advice} ({detail})")))
+}
+
+fn tls_advice(detail: &str, ca_bundle: &str) -> String {
+    let ca_bundle = Some(ca_bundle).filter(|c| !c.is_empty());
+    let trusted = match ca_bundle {
+        Some(path) => format!("the system roots plus store.ca_bundle {path}"),
+        None => "the system roots (store.ca_bundle is not set)".to_string(),
+    };
+    if detail.contains("UnknownIssuer") || detail.contains("unknown issuer") {
+        match ca_bundle {
+            Some(path) => format!(
+                "the server's certificate was issued by a CA that store.ca_bundle {path} does not hold: \
+                 put the PEM certificate of the CA that signed the server's certificate in that file"
+            ),
+            None => format!(
+                "the server's certificate was issued by an unknown CA (trusted: {trusted}): set store.ca_bundle \
+                 to a PEM file holding the certificate of the CA that signed it"
+            ),
+        }
+    } else if detail.contains("NotValidForName") || detail.contains("not valid for name") {
+        "the server's certificate does not name the host of endpoint_override: connect by a name the certificate \
+         lists, or reissue the certificate"
+            .to_string()
+    } else if detail.contains("Expired") || detail.contains("NotValidYet") {
+        "the server's certificate is expired or not yet valid: renew it or check the clock".to_string()
+    } else if detail.contains("corrupt message") || detail.contains("InvalidContentType") {
+        "the server does not speak TLS on this port: use scheme http, or the server's TLS port".to_string()
+    } else {
+        format!("the server certificate could not be verified against {trusted}: check scheme and store.ca_bundle")
+    }
+}
+
+
+/// Whether the store refuses a second create of one object. The object has one fixed
+/// name per prefix, beside the probe key (never below it: on file-backed stores a child
+/// would turn the probe key into a directory), so that a start whose delete is refused
+/// leaves at most this one object behind, whoever started before.
+pub(super) async fn honours_conditional_put(store: &Store, probe_name: &str) -> bool {
+    let path = object_path(&format!("{probe_name}-conditional-put"));
+    let client = &store.client;
+    let create = || PutOptions { mode: PutMode::Create, ..Default::default() };
+    let put = || client.put_opts(&path, PutPayload::from_static(b"kvtier"), create());
+    let already = |r: &object_store::Result<_>| matches!(r, Err(object_store::Error::AlreadyExists { .. }));
+    // A refused create proves the condition is honoured (the object is a leftover, or
+    // another tier's probe in progress). A store that ignores it answers OK twice; as
+    // another starting tier may delete the object between the two creates, that is asked
+    // up to three times before it counts.
+    let mut honoured = false;
+    for _ in 0..3 {
+        let first = put().await;
+        honoured = already(&first) || (first.is_ok() && already(&put().await));
+        if honoured || first.is_err() {
+            break;
+        }
+    }
+    if let Err(e) = client.delete(&path).await {
+        if !matches!(e, object_store::Error::NotFound { .. }) {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                log::warn!(
+                    "{}: cannot delete the start-up probe object {path} ({}); it stays (one object per prefix)",
+                    store.describe(),
+                    error_chain(&e)
+                )
+            });
+        }
+    }
+    honoured
+}

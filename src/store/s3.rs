@@ -1,0 +1,151 @@
+//! S3 (and S3-compatible servers): endpoint, client options, retries, credentials.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3Builder, AwsCredential, Checksum};
+use object_store::{BackoffConfig, ClientOptions, RetryConfig, StaticCredentialProvider};
+
+use super::classify::error_chain;
+use super::credentials::{redact, resolve_credentials, CredentialSource};
+use super::direct::DirectHttp;
+use super::DynStore;
+use crate::config::{ChecksumPolicy, S3Config};
+use crate::error::{Error, Result};
+
+/// The endpoint URL for an `endpoint_override` that may or may not carry a scheme.
+pub(crate) fn endpoint_url(endpoint_override: &str, scheme: Option<&str>) -> Option<String> {
+    if endpoint_override.is_empty() {
+        return None;
+    }
+    if endpoint_override.contains("://") {
+        return Some(endpoint_override.trim_end_matches('/').to_string());
+    }
+    Some(format!("{}://{}", scheme.unwrap_or("https"), endpoint_override.trim_end_matches('/')))
+}
+
+/// The endpoint handed to `object_store`. With virtual-hosted addressing the bucket is
+/// part of the host name (`https://bucket.host:port`), as the AWS SDKs do with an
+/// endpoint override; `object_store` expects the caller to have done that.
+pub(crate) fn s3_endpoint(s3: &S3Config) -> Option<String> {
+    let url = endpoint_url(&s3.endpoint_override, s3.scheme.as_deref())?;
+    if !s3.use_virtual_addressing {
+        return Some(url);
+    }
+    let (scheme, rest) = url.split_once("://").expect("endpoint_url always has a scheme");
+    if rest.starts_with(&format!("{}.", s3.bucket)) {
+        return Some(url);
+    }
+    Some(format!("{scheme}://{}.{rest}", s3.bucket))
+}
+
+/// An S3 client and what kvtier knows about it.
+pub(super) struct S3Store {
+    pub(super) client: DynStore,
+    pub(super) credentials: CredentialSource,
+    pub(super) direct: Option<Arc<DirectHttp>>,
+}
+
+pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
+    let resolved = resolve_credentials(s3, &|name| std::env::var(name).ok())?;
+    let mut options = ClientOptions::new()
+        // Many HTTP/1.1 connections rather than one multiplexed HTTP/2 connection.
+        // reqwest sets TCP_NODELAY on every connection by default.
+        .with_http1_only()
+        .with_connect_timeout(Duration::from_millis(s3.connect_timeout_ms))
+        .with_timeout(Duration::from_millis(s3.request_timeout_ms))
+        .with_pool_max_idle_per_host(1024)
+        .with_allow_http(s3.allow_http);
+    if !s3.ca_bundle.is_empty() {
+        for cert in load_ca_bundle(&s3.ca_bundle)? {
+            options = options.with_root_certificate(cert);
+        }
+    }
+    // Exponential backoff with jitter for 5xx, 429/503 SlowDown, timeouts and resets.
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: s3.max_retries,
+        retry_timeout: Duration::from_millis(s3.request_timeout_ms.saturating_mul(s3.max_retries as u64 + 1)),
+    };
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(&s3.bucket)
+        .with_client_options(options)
+        .with_retry(retry)
+        .with_virtual_hosted_style_request(s3.use_virtual_addressing)
+        .with_unsigned_payload(!s3.payload_signing)
+        .with_allow_http(s3.allow_http);
+    if s3.req_checksum == Some(ChecksumPolicy::Supported) {
+        builder = builder.with_checksum_algorithm(Checksum::SHA256);
+    }
+    let endpoint = s3_endpoint(s3);
+    if let Some(url) = &endpoint {
+        builder = builder.with_endpoint(url);
+    }
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let region = if !s3.region.is_empty() {
+        s3.region.clone()
+    } else {
+        env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .or_else(|| resolved.profile_region.clone())
+            .unwrap_or_else(|| "us-east-1".to_string())
+    };
+    builder = builder.with_region(&region);
+    if let Some(creds) = &resolved.credentials {
+        let credential = AwsCredential {
+            key_id: creds.access_key.clone(),
+            secret_key: creds.secret_key.expose().to_string(),
+            token: (!creds.session_token.is_empty()).then(|| creds.session_token.expose().to_string()),
+        };
+        builder = builder.with_credentials(Arc::new(StaticCredentialProvider::new(credential)));
+    }
+    log::debug!("s3 bucket {:?}: credentials from {}", s3.bucket, resolved.source);
+    let built = builder
+        .build()
+        .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?;
+    let direct = endpoint.and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
+    Ok(S3Store { client: Arc::new(built), credentials: resolved.source, direct })
+}
+
+fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
+    let pem = std::fs::read(path).map_err(|e| Error::config(format!("store.ca_bundle {path}: {e}")))?;
+    let certs = object_store::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| Error::config(format!("store.ca_bundle {path} is not a PEM bundle: {e}")))?;
+    if certs.is_empty() {
+        return Err(Error::config(format!("store.ca_bundle {path} holds no certificate")));
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s3(json: &str) -> S3Config {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn endpoint_url_scheme_rules() {
+        assert_eq!(endpoint_url("", Some("http")), None);
+        assert_eq!(endpoint_url("localhost:9000", None).unwrap(), "https://localhost:9000");
+        assert_eq!(endpoint_url("localhost:9000", Some("http")).unwrap(), "http://localhost:9000");
+        assert_eq!(endpoint_url("https://s3.example.com/", Some("http")).unwrap(), "https://s3.example.com");
+    }
+
+    #[test]
+    fn virtual_addressing_puts_the_bucket_in_the_host() {
+        let c = s3(r#"{"bucket":"kv","endpoint_override":"minio.local:9000","scheme":"http","use_virtual_addressing":true}"#);
+        assert_eq!(s3_endpoint(&c).unwrap(), "http://kv.minio.local:9000");
+        let c = s3(r#"{"bucket":"kv","endpoint_override":"https://kv.minio.local","use_virtual_addressing":true}"#);
+        assert_eq!(s3_endpoint(&c).unwrap(), "https://kv.minio.local");
+        let c = s3(r#"{"bucket":"kv","endpoint_override":"minio.local:9000"}"#);
+        assert_eq!(s3_endpoint(&c).unwrap(), "https://minio.local:9000");
+        assert_eq!(s3_endpoint(&s3(r#"{"bucket":"kv"}"#)), None);
+    }
+
+}
