@@ -1,156 +1,109 @@
-//! `kvtier` command line. `kvtier bench` runs a simulated serving workload through the
-//! library and prints a summary table.
+//! `kvtier bench`: runs a simulated serving workload through the library and prints a
+//! summary table (or one JSON object).
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use clap::{ArgAction, Args};
 use kvtier::key::make_key;
 use kvtier::{JobKind, KeyBatch, LookupResult, Tier};
 
-const USAGE: &str = "\
-usage: kvtier bench [options]
+use crate::common::{parse_positive, parse_size, Failure, StoreArgs};
 
-Runs a simulated serving workload through the library. The default workload stores
-blocks from a host pool, checks their existence (and that of as many absent keys), loads
-them into other slots, verifies every byte, and prints throughput, latency, client CPU
-per GiB and peak RSS. Without --config it uses a local directory store in a temporary
-directory, removed afterwards.
+const PHASES: [&str; 4] = ["store", "exists", "load", "verify"];
 
-options:
-  --blocks N          blocks per phase (default 256)
-  --block-size SIZE   bytes per block, with optional K/M/G suffix (default 1M)
-  --keys-per-job N    keys per store/load job (default 1)
-  --concurrency N     jobs in flight at once (default 16); also the tier's
-                      max_inflight_transfers unless the configuration sets it
-  --workload LIST     comma-separated phases, in order, from: store, exists, load,
-                      verify (default store,exists,load,verify); load and verify need
-                      a store phase first
-  --repeat N          run the phases N times with fresh keys (default 1)
-  --duration SECS     keep running rounds (at least --repeat) until SECS have
-                      passed: a soak; reports resident memory after the first round
-                      and at the end
-  --key-sets N        rounds cycle over N sets of keys instead of a fresh set per
-                      round, so a soak's store does not grow without bound (pair
-                      it with dedup set to off in --config to rewrite every round)
-  --no-checksums      turn off CRC32C checksums (to measure their cost)
-  --config JSON       tier configuration (e.g. an S3 store; see the README)
-  --config-file PATH  tier configuration read from a file
-  --json              print the results as one JSON object
-  -h, --help          this help
-";
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Blocks per phase
+    #[arg(long, value_name = "N", default_value = "256", value_parser = parse_positive)]
+    pub blocks: usize,
 
-struct Options {
-    blocks: usize,
-    block_size: usize,
-    keys_per_job: usize,
-    concurrency: usize,
-    workload: Vec<String>,
-    repeat: usize,
-    duration: Option<Duration>,
-    key_sets: Option<usize>,
-    checksums: bool,
-    config: Option<String>,
-    json: bool,
+    /// Bytes per block, with optional K/M/G suffix
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size)]
+    pub block_size: usize,
+
+    /// Keys per store/load job
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_positive)]
+    pub keys_per_job: usize,
+
+    /// Jobs in flight at once; also the tier's
+    /// max_inflight_transfers unless the configuration sets it
+    #[arg(verbatim_doc_comment, long, value_name = "N", default_value = "16", value_parser = parse_positive)]
+    pub concurrency: usize,
+
+    /// Comma-separated phases, in order, from: store, exists,
+    /// load, verify; load and verify need a store phase first
+    #[arg(verbatim_doc_comment, long, value_name = "LIST", default_value = "store,exists,load,verify", value_parser = parse_workload)]
+    pub workload: Workload,
+
+    /// Run the phases N times with fresh keys
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_positive)]
+    pub repeat: usize,
+
+    /// Keep running rounds (at least --repeat) until SECS have
+    /// passed: a soak; reports resident memory after the first
+    /// round and at the end
+    #[arg(verbatim_doc_comment, long, value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<Duration>,
+
+    /// Rounds cycle over N sets of keys instead of a fresh set
+    /// per round, so a soak's store does not grow without bound
+    /// (pair it with dedup set to off in --config to rewrite
+    /// every round)
+    #[arg(verbatim_doc_comment, long, value_name = "N")]
+    pub key_sets: Option<usize>,
+
+    /// Turn off CRC32C checksums (to measure their cost)
+    #[arg(long = "no-checksums", action = ArgAction::SetFalse)]
+    pub checksums: bool,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
-fn parse_size(text: &str) -> Result<usize, String> {
-    let (digits, scale) = match text.chars().last() {
-        Some('k' | 'K') => (&text[..text.len() - 1], 1024),
-        Some('m' | 'M') => (&text[..text.len() - 1], 1024 * 1024),
-        Some('g' | 'G') => (&text[..text.len() - 1], 1024 * 1024 * 1024),
-        _ => (text, 1),
-    };
-    digits.parse::<usize>().map(|n| n * scale).map_err(|_| format!("not a size: {text}"))
+/// The phases of one round, in order, each one of [`PHASES`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload(pub Vec<String>);
+
+fn parse_block_size(text: &str) -> Result<usize, String> {
+    match parse_size(text)? {
+        0 => Err("must be positive".into()),
+        n => Ok(n),
+    }
 }
 
-fn parse_options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        blocks: 256,
-        block_size: 1024 * 1024,
-        keys_per_job: 1,
-        concurrency: 16,
-        workload: ["store", "exists", "load", "verify"].map(String::from).to_vec(),
-        repeat: 1,
-        duration: None,
-        key_sets: None,
-        checksums: true,
-        config: None,
-        json: false,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
-        let number = |name: &str, text: String| text.parse::<usize>().map_err(|_| format!("{name} needs a number"));
-        match arg.as_str() {
-            "--blocks" => o.blocks = number("--blocks", value("--blocks")?)?,
-            "--block-size" => o.block_size = parse_size(&value("--block-size")?)?,
-            "--keys-per-job" => o.keys_per_job = number("--keys-per-job", value("--keys-per-job")?)?,
-            "--concurrency" => o.concurrency = number("--concurrency", value("--concurrency")?)?,
-            "--repeat" => o.repeat = number("--repeat", value("--repeat")?)?,
-            "--key-sets" => o.key_sets = Some(number("--key-sets", value("--key-sets")?)?),
-            "--duration" => o.duration = Some(Duration::from_secs(number("--duration", value("--duration")?)? as u64)),
-            "--workload" => o.workload = value("--workload")?.split(',').map(|s| s.trim().to_string()).collect(),
-            "--no-checksums" => o.checksums = false,
-            "--config" => o.config = Some(value("--config")?),
-            "--config-file" => {
-                let path = value("--config-file")?;
-                o.config = Some(std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?);
-            }
-            "--json" => o.json = true,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown option {other}")),
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|_| "needs a number of seconds".into())
+}
+
+fn parse_workload(text: &str) -> Result<Workload, String> {
+    let phases: Vec<String> = text.split(',').map(|s| s.trim().to_string()).collect();
+    for phase in &phases {
+        if !PHASES.contains(&phase.as_str()) {
+            return Err(format!(
+                "unknown phase {phase:?} (phases: {})",
+                PHASES.join(", ")
+            ));
         }
     }
-    if o.blocks == 0 || o.block_size == 0 || o.keys_per_job == 0 || o.concurrency == 0 || o.repeat == 0 {
-        return Err("--blocks, --block-size, --keys-per-job, --concurrency and --repeat must be positive".into());
-    }
-    for phase in &o.workload {
-        if !["store", "exists", "load", "verify"].contains(&phase.as_str()) {
-            return Err(format!("unknown phase {phase:?} in --workload"));
-        }
-    }
-    let first_store = o.workload.iter().position(|p| p == "store");
-    for needs in ["load", "verify", "exists"] {
-        if let Some(i) = o.workload.iter().position(|p| p == needs) {
-            if needs != "exists" && first_store.is_none_or(|s| s > i) {
+    let first_store = phases.iter().position(|p| p == "store");
+    for needs in ["load", "verify"] {
+        if let Some(i) = phases.iter().position(|p| p == needs) {
+            if first_store.is_none_or(|s| s > i) {
                 return Err(format!("phase {needs} needs a store phase before it"));
             }
         }
     }
-    Ok(o)
+    Ok(Workload(phases))
 }
 
-fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = match args.first().map(String::as_str) {
-        Some("bench") => match parse_options(&args[1..]) {
-            Ok(options) => match bench(&options) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("kvtier bench: {e}");
-                    1
-                }
-            },
-            Err(e) if e.is_empty() => {
-                print!("{USAGE}");
-                0
-            }
-            Err(e) => {
-                eprintln!("kvtier bench: {e}\n\n{USAGE}");
-                2
-            }
-        },
-        Some("version" | "--version" | "-V") => {
-            println!("kvtier {}", kvtier::VERSION);
-            0
-        }
-        _ => {
-            eprint!("{USAGE}");
-            2
-        }
-    };
-    std::process::exit(code);
+/// Runs the benchmark; the default store is a local directory under the system's
+/// temporary directory, removed afterwards.
+pub fn run(o: &BenchArgs) -> Result<(), Failure> {
+    let config = o.store.config_text()?;
+    bench(o, config.as_deref()).map_err(Failure::run)
 }
 
 fn key_for(i: u64, salt: u64) -> Vec<u8> {
@@ -185,7 +138,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// CPU seconds used by the calling thread alone.
 fn thread_cpu() -> f64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
@@ -203,7 +159,12 @@ struct Soak {
 fn resident_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().to_string())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .map(|v| v.trim().trim_end_matches("kB").trim().to_string())
+            })
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
@@ -213,7 +174,10 @@ fn rusage() -> (f64, u64) {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (secs(usage.ru_utime) + secs(usage.ru_stime), usage.ru_maxrss as u64)
+    (
+        secs(usage.ru_utime) + secs(usage.ru_stime),
+        usage.ru_maxrss as u64,
+    )
 }
 
 struct Progress {
@@ -225,16 +189,28 @@ struct Progress {
 
 impl Progress {
     fn new(label: &str, total: usize, quiet: bool) -> Self {
-        Progress { label: label.to_string(), total, enabled: !quiet && std::io::stderr().is_terminal(), last: Instant::now() }
+        Progress {
+            label: label.to_string(),
+            total,
+            enabled: !quiet && std::io::stderr().is_terminal(),
+            last: Instant::now(),
+        }
     }
     fn update(&mut self, done: usize) {
-        if !self.enabled || (self.last.elapsed() < Duration::from_millis(100) && done < self.total) {
+        if !self.enabled || (self.last.elapsed() < Duration::from_millis(100) && done < self.total)
+        {
             return;
         }
         self.last = Instant::now();
         let width = 30;
         let filled = done * width / self.total.max(1);
-        eprint!("\r  {:<8} [{}{}] {done}/{}", self.label, "#".repeat(filled), ".".repeat(width - filled), self.total);
+        eprint!(
+            "\r  {:<8} [{}{}] {done}/{}",
+            self.label,
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.total
+        );
         let _ = std::io::stderr().flush();
     }
     fn finish(&self) {
@@ -276,18 +252,25 @@ impl PhaseResult {
         self.bytes as f64 / (1024.0 * 1024.0) / self.seconds.max(1e-9)
     }
     fn cpu_per_gib(&self) -> Option<f64> {
-        (self.bytes > 0).then(|| self.cpu_seconds / (self.bytes as f64 / (1024.0 * 1024.0 * 1024.0)))
+        (self.bytes > 0)
+            .then(|| self.cpu_seconds / (self.bytes as f64 / (1024.0 * 1024.0 * 1024.0)))
     }
 }
 
 /// Runs jobs with at most `concurrency` in flight, refilling as results arrive.
-fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)], o: &Options, label: &str) -> Result<PhaseResult, String> {
+fn run_jobs(
+    tier: &Tier,
+    kind: JobKind,
+    jobs: &[(u64, Vec<u64>, KeyBatch)],
+    o: &BenchArgs,
+    label: &str,
+) -> Result<PhaseResult, String> {
     let (cpu0, _) = rusage();
     let start = Instant::now();
     let mut submitted = 0;
     let mut latencies = Vec::with_capacity(jobs.len());
     let mut bytes = 0u64;
-    let mut progress = Progress::new(label, jobs.len(), o.json);
+    let mut progress = Progress::new(label, jobs.len(), o.store.json());
     let deadline = Instant::now() + Duration::from_secs(3600);
     let mut caller_seconds = 0.0;
     while latencies.len() < jobs.len() {
@@ -311,7 +294,11 @@ fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)], o: &
         if Instant::now() > deadline {
             return Err(format!("{label} jobs did not finish within an hour"));
         }
-        let mut pfd = libc::pollfd { fd: tier.ready_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: tier.ready_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         unsafe { libc::poll(&mut pfd, 1, 100) };
     }
     progress.finish();
@@ -331,11 +318,20 @@ fn run_jobs(tier: &Tier, kind: JobKind, jobs: &[(u64, Vec<u64>, KeyBatch)], o: &
 
 /// Checks `present` and `absent` keys as one request, in batches of 256 per step; an op
 /// is one batch, its latency from the first lookup to the last verdict.
-fn run_exists(tier: &Tier, present: &[Vec<u8>], absent: &[Vec<u8>], request: u64) -> Result<PhaseResult, String> {
+fn run_exists(
+    tier: &Tier,
+    present: &[Vec<u8>],
+    absent: &[Vec<u8>],
+    request: u64,
+) -> Result<PhaseResult, String> {
     let (cpu0, _) = rusage();
     let start = Instant::now();
     let mut latencies = Vec::new();
-    let all: Vec<(&Vec<u8>, bool)> = present.iter().map(|k| (k, true)).chain(absent.iter().map(|k| (k, false))).collect();
+    let all: Vec<(&Vec<u8>, bool)> = present
+        .iter()
+        .map(|k| (k, true))
+        .chain(absent.iter().map(|k| (k, false)))
+        .collect();
     for chunk in all.chunks(256) {
         let t = Instant::now();
         for (k, _) in chunk {
@@ -350,7 +346,12 @@ fn run_exists(tier: &Tier, present: &[Vec<u8>], absent: &[Vec<u8>], request: u64
                     LookupResult::Retry => still.push(item),
                     LookupResult::Hit if item.1 => {}
                     LookupResult::Miss if !item.1 => {}
-                    other => return Err(format!("lookup answered {other:?} for a key that is {}", if item.1 { "present" } else { "absent" })),
+                    other => {
+                        return Err(format!(
+                            "lookup answered {other:?} for a key that is {}",
+                            if item.1 { "present" } else { "absent" }
+                        ))
+                    }
                 }
             }
             pending = still;
@@ -377,25 +378,29 @@ fn run_exists(tier: &Tier, present: &[Vec<u8>], absent: &[Vec<u8>], request: u64
     })
 }
 
-fn bench(o: &Options) -> Result<(), String> {
+fn bench(o: &BenchArgs, given_config: Option<&str>) -> Result<(), String> {
     let temp_dir = std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()));
-    let mut config: serde_json::Value = match &o.config {
+    let mut config: serde_json::Value = match given_config {
         Some(c) => serde_json::from_str(c).map_err(|e| format!("--config is not JSON: {e}"))?,
         None => serde_json::json!({"store": {"type": "local", "path": temp_dir}}),
     };
-    let object = config.as_object_mut().ok_or("--config must be a JSON object")?;
-    object.entry("max_inflight_transfers").or_insert(serde_json::json!(o.concurrency.max(1)));
+    let object = config
+        .as_object_mut()
+        .ok_or("--config must be a JSON object")?;
+    object
+        .entry("max_inflight_transfers")
+        .or_insert(serde_json::json!(o.concurrency.max(1)));
     if !o.checksums {
         object.insert("checksums".into(), serde_json::json!(false));
     }
     let result = bench_with(o, &config.to_string());
-    if o.config.is_none() {
+    if given_config.is_none() {
         let _ = std::fs::remove_dir_all(&temp_dir);
     }
     result
 }
 
-fn bench_with(o: &Options, config: &str) -> Result<(), String> {
+fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
     let n = o.blocks;
     let bs = o.block_size;
     // The pool is declared before the tier so that it is dropped after it: on every early
@@ -404,14 +409,17 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     let mut pool = vec![0u8; 2 * n * bs];
     fill(&mut pool, 0x5eed);
     let tier = Tier::from_json(config).map_err(|e| e.to_string())?;
-    unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }.map_err(|e| e.to_string())?;
+    unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }
+        .map_err(|e| e.to_string())?;
     let (_, peak_rss_start) = rusage();
     let slot_of = |i: usize| -> usize { n + (i * 7919 + 13) % n };
     let mut phases: Vec<PhaseResult> = Vec::new();
     let mut verified = 0usize;
     let mut job_id = 0u64;
     let started = Instant::now();
-    let base_salt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let base_salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     let mut resident_after_first_round = 0u64;
     let mut round = 0usize;
     while round < o.repeat || o.duration.is_some_and(|d| started.elapsed() < d) {
@@ -431,7 +439,7 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
         };
         let store_jobs = make_jobs(&|i| i);
         let load_jobs = make_jobs(&slot_of);
-        for (index, phase) in o.workload.iter().enumerate() {
+        for (index, phase) in o.workload.0.iter().enumerate() {
             let result = match phase.as_str() {
                 "store" => run_jobs(&tier, JobKind::Store, &store_jobs, o, "store")?,
                 "load" => {
@@ -446,7 +454,9 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
                     for i in 0..n {
                         let s = slot_of(i);
                         if pool[i * bs..(i + 1) * bs] != pool[s * bs..(s + 1) * bs] {
-                            return Err(format!("block {i} differs from slot {s} after the round trip"));
+                            return Err(format!(
+                                "block {i} differs from slot {s} after the round trip"
+                            ));
                         }
                     }
                     verified += n;
@@ -469,7 +479,11 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
         seconds: started.elapsed().as_secs_f64(),
         resident_after_first_round,
         resident_end: resident_kib(),
-        samples_kib: phases.iter().map(|p| p.latencies_ms.len() * 8).sum::<usize>() as u64 / 1024,
+        samples_kib: phases
+            .iter()
+            .map(|p| p.latencies_ms.len() * 8)
+            .sum::<usize>() as u64
+            / 1024,
     };
     tier.shutdown();
     // The checksum's own price, on this thread: a cold pass over the stored bytes (as a
@@ -490,12 +504,20 @@ fn bench_with(o: &Options, config: &str) -> Result<(), String> {
     for p in &mut phases {
         p.latencies_ms.sort_by(|a, b| a.total_cmp(b));
     }
-    print_report(o, &phases, verified, (peak_rss_start, peak_rss_end), &soak, &tier, checksum_cpu_per_gib);
+    print_report(
+        o,
+        &phases,
+        verified,
+        (peak_rss_start, peak_rss_end),
+        &soak,
+        &tier,
+        checksum_cpu_per_gib,
+    );
     Ok(())
 }
 
 fn print_report(
-    o: &Options,
+    o: &BenchArgs,
     phases: &[PhaseResult],
     verified: usize,
     (peak_rss_start, peak_rss_end): (u64, u64),
@@ -504,7 +526,7 @@ fn print_report(
     checksum_cpu_per_gib: (f64, f64),
 ) {
     let stats = tier.stats();
-    if o.json {
+    if o.store.json() {
         let rows: Vec<serde_json::Value> = phases
             .iter()
             .map(|p| {
@@ -545,12 +567,26 @@ fn print_report(
     );
     println!(
         "  {:<7} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>12}",
-        "phase", "ops", "MiB/s", "ops/s", "p50 ms", "p90 ms", "p99 ms", "CPU-s/GiB", "caller us/key"
+        "phase",
+        "ops",
+        "MiB/s",
+        "ops/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "CPU-s/GiB",
+        "caller us/key"
     );
     for p in phases {
-        let mib = if p.bytes > 0 { format!("{:.1}", p.mib_s()) } else { "-".into() };
+        let mib = if p.bytes > 0 {
+            format!("{:.1}", p.mib_s())
+        } else {
+            "-".into()
+        };
         let cpu = p.cpu_per_gib().map_or("-".into(), |c| format!("{c:.3}"));
-        let caller = p.caller_us_per_key().map_or("-".into(), |c| format!("{c:.2}"));
+        let caller = p
+            .caller_us_per_key()
+            .map_or("-".into(), |c| format!("{c:.2}"));
         println!(
             "  {:<7} {:>6} {:>9} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>10} {:>12}",
             p.name,
@@ -568,7 +604,11 @@ fn print_report(
     if phases.iter().any(|p| p.name == "exists") {
         println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
     }
-    println!("  peak RSS: {} MiB after setup, {} MiB at the end", peak_rss_start / 1024, peak_rss_end / 1024);
+    println!(
+        "  peak RSS: {} MiB after setup, {} MiB at the end",
+        peak_rss_start / 1024,
+        peak_rss_end / 1024
+    );
     if soak.rounds > 1 {
         println!(
             "  resident: {:.1} MiB after round 1, {:.1} MiB after round {} ({:.0} s); the bench's own latency samples hold {:.1} MiB",

@@ -1,0 +1,88 @@
+//! The `kvtier` command line: one module per subcommand, option groups shared between
+//! them in `common`.
+
+mod bench;
+mod common;
+mod completions;
+mod namespace;
+
+use clap::{Parser, Subcommand};
+
+use crate::common::Failure;
+
+/// kvtier: a secondary KV-cache tier on object storage for LLM serving engines.
+#[derive(Parser, Debug)]
+#[command(name = "kvtier", version = kvtier::VERSION, arg_required_else_help = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a simulated serving workload through the library and print a summary
+    ///
+    /// The default workload stores blocks from a host pool, checks their existence (and
+    /// that of as many absent keys), loads them into other slots, verifies every byte,
+    /// and prints throughput, latency, client CPU per GiB and peak RSS. Without --config
+    /// it uses a local directory store in a temporary directory, removed afterwards.
+    #[command(verbatim_doc_comment)]
+    Bench(bench::BenchArgs),
+
+    /// Print vLLM's namespace string for a field set, as kvt_vllm_namespace does
+    ///
+    /// The namespace is <model_name with / replaced by _>_<first 12 hex digits of the
+    /// SHA-256 of the field set>_r<rank>, the field set serialized as Python's
+    /// json.dumps(fields, sort_keys=True, separators=(",", ":")) does, so objects are
+    /// named as vLLM's tiers name them.
+    #[command(verbatim_doc_comment)]
+    Namespace(namespace::NamespaceArgs),
+
+    /// Print a shell completion script
+    ///
+    /// For example: kvtier completions bash > ~/.local/share/bash-completion/completions/kvtier
+    #[command(verbatim_doc_comment)]
+    Completions(completions::CompletionsArgs),
+
+    /// Print the version
+    Version,
+}
+
+impl Command {
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Bench(_) => "bench",
+            Command::Namespace(_) => "namespace",
+            Command::Completions(_) => "completions",
+            Command::Version => "version",
+        }
+    }
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result: Result<(), Failure> = match &cli.command {
+        Command::Bench(args) => bench::run(args),
+        Command::Namespace(args) => namespace::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Version => {
+            println!("kvtier {}", kvtier::VERSION);
+            Ok(())
+        }
+    };
+    if let Err(failure) = result {
+        eprintln!("kvtier {}: {}", cli.command.name(), failure.message);
+        std::process::exit(failure.status);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}
