@@ -128,6 +128,8 @@ pub enum Locality {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
+// One per tier, read at start-up: the size of the S3 variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum StoreConfig {
     /// A local directory: the embedded default. Writes publish atomically by rename.
     Local(LocalConfig),

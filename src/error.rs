@@ -139,6 +139,18 @@ impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+
+/// The message a panic carried, for the error that reports it.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,16 +169,5 @@ mod tests {
         let wrapped = object_store::Error::JoinError { source: e };
         let object_store::Error::JoinError { source } = &wrapped else { unreachable!() };
         assert_eq!(Error::join("store x", source).status, Status::Cancelled);
-    }
-}
-
-/// The message a panic carried, for the error that reports it.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
     }
 }

@@ -13,6 +13,8 @@ use crate::store::Store;
 
 /// A store of a key that waits for the upload of the same key already in flight.
 pub(crate) type UploadWaiter = oneshot::Receiver<Result<()>>;
+/// Where the outcome of an upload goes for each store that waits for it.
+type UploadWaiters = Vec<oneshot::Sender<Result<()>>>;
 
 pub(crate) struct Dedup {
     /// Dedup mode in force (the configured one, or what the start-up probe allows).
@@ -28,7 +30,7 @@ pub(crate) struct Dedup {
     /// their recorded checksum (rewritten by another client).
     uploaded_crc: Mutex<HashMap<Vec<u8>, u32>>,
     /// Uploads in flight, with the stores of the same key waiting for them.
-    uploads: Mutex<HashMap<Vec<u8>, Vec<oneshot::Sender<Result<()>>>>>,
+    uploads: Mutex<HashMap<Vec<u8>, UploadWaiters>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -163,6 +163,47 @@ impl LookupTable {
     }
 }
 
+
+/// Checks every group's keys concurrently on the lookup lane. A group (one request's keys
+/// of one step) whose check fails anywhere answers MISS for all its keys.
+pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>) -> Vec<Answer> {
+    use std::sync::atomic::Ordering;
+    let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
+    let per_group = futures::future::join_all(groups.into_iter().map(|group| async move {
+        let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
+            if shared.dedup.is_corrupt(&probe.key) {
+                return Ok(false); // the object is corrupt until this tier stores the key again
+            }
+            let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
+            shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
+            let name = crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
+            shared.lookup_store.exists(&name, missing_is_forbidden).await.map_err(|e| {
+                shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!("existence check failed: {}", e.message);
+            })
+        }))
+        .await;
+        let group_failed = checks.iter().any(|c| c.is_err());
+        for (probe, found) in group.probes.iter().zip(&checks) {
+            if found == &Ok(true) {
+                shared.dedup.remember(&probe.key);
+            }
+        }
+        group
+            .probes
+            .into_iter()
+            .zip(checks)
+            .map(|(probe, found)| Answer {
+                key: probe.key,
+                generation: probe.generation,
+                found: !group_failed && found.unwrap_or(false),
+            })
+            .collect::<Vec<_>>()
+    }))
+    .await;
+    per_group.into_iter().flatten().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,44 +280,4 @@ mod tests {
         assert_eq!(t.lookup(1, b"a"), Miss);
         assert_eq!(t.lookup(1, b"b"), Hit);
     }
-}
-
-/// Checks every group's keys concurrently on the lookup lane. A group (one request's keys
-/// of one step) whose check fails anywhere answers MISS for all its keys.
-pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>) -> Vec<Answer> {
-    use std::sync::atomic::Ordering;
-    let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
-    let per_group = futures::future::join_all(groups.into_iter().map(|group| async move {
-        let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
-            if shared.dedup.is_corrupt(&probe.key) {
-                return Ok(false); // the object is corrupt until this tier stores the key again
-            }
-            let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
-            shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
-            let name = crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
-            shared.lookup_store.exists(&name, missing_is_forbidden).await.map_err(|e| {
-                shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!("existence check failed: {}", e.message);
-            })
-        }))
-        .await;
-        let group_failed = checks.iter().any(|c| c.is_err());
-        for (probe, found) in group.probes.iter().zip(&checks) {
-            if found == &Ok(true) {
-                shared.dedup.remember(&probe.key);
-            }
-        }
-        group
-            .probes
-            .into_iter()
-            .zip(checks)
-            .map(|(probe, found)| Answer {
-                key: probe.key,
-                generation: probe.generation,
-                found: !group_failed && found.unwrap_or(false),
-            })
-            .collect::<Vec<_>>()
-    }))
-    .await;
-    per_group.into_iter().flatten().collect()
 }

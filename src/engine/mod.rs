@@ -422,11 +422,15 @@ impl Tier {
             let _ = shared.answers_tx.send(answers);
         };
         let lane = self.lookup_runtime.read().unwrap_or_else(|p| p.into_inner());
+        // The lane's answers come back through `answers_tx`: the task handle is not needed.
         let spawned = match lane.as_ref() {
-            Some(rt) => Some(drop(rt.spawn(task))),
-            None => self.with_runtime(|rt| drop(rt.spawn(task))),
+            Some(rt) => Some(rt.spawn(task)),
+            None => self.with_runtime(|rt| rt.spawn(task)),
         };
-        spawned.ok_or_else(|| Error::new(Status::ShutDown, "schedule_end after shutdown"))
+        match spawned {
+            Some(_) => Ok(()),
+            None => Err(Error::new(Status::ShutDown, "schedule_end after shutdown")),
+        }
     }
 
     /// The request will not look anything up again; verdicts only it held are dropped.

@@ -41,75 +41,85 @@ pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
     })
 }
 
-/// The transport error inside a store error, if the failure happened below HTTP.
-fn http_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a object_store::client::HttpError> {
+/// The first error of type `T` in `error`'s source chain, looking inside `io::Error`s too.
+fn find_in_chain<'a, T: std::error::Error + 'static>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a T> {
     let mut current = Some(error);
     while let Some(e) = current {
-        if let Some(h) = e.downcast_ref::<object_store::client::HttpError>() {
-            return Some(h);
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
         }
-        current = e.source();
+        // An io::Error wrapping an error reports that error's source as its own, skipping
+        // the wrapped error itself: step into it instead.
+        current = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     None
 }
 
-fn is_tls_text(text: &str) -> bool {
-    let t = text.to_ascii_lowercase();
-    t.contains("certificate")
-        || t.contains("unknownissuer")
-        || t.contains("tls")
-        || t.contains("handshake")
-        || t.contains("corrupt message")
+/// The transport error inside a store error, if the failure happened below HTTP.
+fn http_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a object_store::client::HttpError> {
+    find_in_chain(error)
 }
 
-/// Maps a store error to the library status.
+/// Why a TLS handshake failed, as far as the advice to the user differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsProblem {
+    /// The certificate chains to no trusted CA.
+    UnknownIssuer,
+    /// The certificate does not name the host connected to.
+    WrongName,
+    /// The certificate is expired or not yet valid.
+    Expired,
+    /// The peer does not speak TLS (a plain-http port).
+    NotTls,
+    /// Anything else rustls refused.
+    Other,
+}
+
+/// The TLS failure inside a store error, from the TLS library's own error type.
+pub(crate) fn tls_problem(error: &(dyn std::error::Error + 'static)) -> Option<TlsProblem> {
+    use rustls::{CertificateError as C, Error as R};
+    Some(match find_in_chain::<R>(error)? {
+        R::InvalidCertificate(C::UnknownIssuer) => TlsProblem::UnknownIssuer,
+        R::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => TlsProblem::WrongName,
+        R::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => TlsProblem::Expired,
+        R::InvalidMessage(_) => TlsProblem::NotTls,
+        _ => TlsProblem::Other,
+    })
+}
+
+/// Maps a store error to the library status: by the S3 error code of the server's
+/// answer where there is one, else by `object_store`'s error variant (which carries the
+/// HTTP status class), else by the transport error's kind and the TLS library's error
+/// type. Never by the wording of a dependency's message.
 pub(crate) fn classify(error: &object_store::Error) -> Status {
     use object_store::client::HttpErrorKind;
     use object_store::Error as E;
-    let text = error_chain(error);
     // The S3 error code of a response body is the most precise signal: it tells a
     // missing bucket from a missing key, and bad credentials from a refused permission.
-    if let Some(status) = s3_error_code(&text).and_then(status_of_s3_code) {
+    // It is the server's answer, carried in the error's text by object_store, which has
+    // no typed accessor for the body.
+    if let Some(status) = s3_error_code(&error_chain(error)).and_then(status_of_s3_code) {
         return status;
     }
     match error {
         E::NotFound { .. } => return Status::NotFound,
         E::PermissionDenied { .. } => return Status::PermissionDenied,
         E::Unauthenticated { .. } => return Status::Auth,
+        E::JoinError { .. } => return Status::Cancelled,
         _ => {}
     }
-    // A range the object cannot satisfy (416, or object_store's own range check): the
-    // object is shorter than the block.
-    if text.contains("status code: 416") || text.contains("Requested range was invalid") {
-        return Status::LengthMismatch;
+    if tls_problem(error).is_some() {
+        return Status::Tls;
     }
-    if let Some(http) = http_error(error) {
-        let transport = error_chain(http);
-        if is_tls_text(&transport) {
-            return Status::Tls;
-        }
-        return match http.kind() {
-            HttpErrorKind::Connect => Status::Connect,
-            HttpErrorKind::Timeout => Status::Timeout,
-            _ => Status::Io,
-        };
-    }
-    if text.contains("InvalidAccessKeyId") || text.contains("SignatureDoesNotMatch") || text.contains("ExpiredToken") {
-        Status::Auth
-    } else if text.contains("403 Forbidden") {
-        Status::PermissionDenied
-    } else if text.contains("invalid peer certificate") || text.contains("UnknownIssuer") {
-        Status::Tls
-    } else if text.contains("error sending request")
-        || text.contains("onnection refused")
-        || text.contains("dns error")
-        || text.contains("error trying to connect")
-    {
-        Status::Connect
-    } else if text.contains("timed out") || text.contains("Timeout") {
-        Status::Timeout
-    } else {
-        Status::Io
+    match http_error(error).map(|http| http.kind()) {
+        Some(HttpErrorKind::Connect) => Status::Connect,
+        Some(HttpErrorKind::Timeout) => Status::Timeout,
+        _ => Status::Io,
     }
 }
 
@@ -194,4 +204,21 @@ mod tests {
         assert_eq!(s3_error_code("no body"), None);
     }
 
+
+    #[test]
+    fn tls_failures_are_found_by_type_inside_nested_io_errors() {
+        use std::io::{Error as Io, ErrorKind};
+        let wrapped = |e: rustls::Error| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Io::other(Io::new(ErrorKind::InvalidData, e))),
+        };
+        let unknown = wrapped(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer));
+        assert_eq!(tls_problem(&unknown), Some(TlsProblem::UnknownIssuer));
+        assert_eq!(classify(&unknown), Status::Tls);
+        let plain = wrapped(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
+        assert_eq!(tls_problem(&plain), Some(TlsProblem::NotTls));
+        let other = object_store::Error::Generic { store: "S3", source: Box::new(Io::other("certificate expired")) };
+        assert_eq!(tls_problem(&other), None, "words alone never make a TLS failure");
+        assert_eq!(classify(&other), Status::Io);
+    }
 }

@@ -3,7 +3,7 @@
 
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::classify::{classify, error_chain, s3_error_code};
+use super::classify::{classify, error_chain, s3_error_code, tls_problem, TlsProblem};
 use super::{object_path, Backend, Store};
 use crate::error::{Error, Result, Status};
 
@@ -35,7 +35,7 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
     };
     match classify(&head_error) {
         Status::NotFound | Status::PermissionDenied | Status::Auth => {}
-        status => return Err(probe_error(status, &error_chain(&head_error), store)),
+        status => return Err(probe_error(status, &head_error, store)),
     }
     let get_error = match client.get(&path).await {
         Ok(_) => return Ok(ProbeOutcome::Ready),
@@ -51,12 +51,12 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
             );
             return Ok(ProbeOutcome::ReadyWithoutList);
         }
-        status => return Err(probe_error(status, &text, store)),
+        status => return Err(probe_error(status, &get_error, store)),
     }
     let directory = object_path(probe_name.rsplit_once('/').map_or("", |(dir, _)| dir));
     match client.list_with_delimiter(Some(&directory)).await {
         Err(e) if classify(&e) == Status::BucketNotFound => {
-            Err(probe_error(Status::BucketNotFound, &error_chain(&e), store))
+            Err(probe_error(Status::BucketNotFound, &e, store))
         }
         Err(e) => {
             log::debug!("{describe}: listing the probe directory failed ({}); the bucket answered GET, so starting", error_chain(&e));
@@ -66,7 +66,8 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
     }
 }
 
-fn probe_error(status: Status, detail: &str, store: &Store) -> Error {
+fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Error {
+    let detail = error_chain(error);
     let describe = store.describe();
     let (ca_bundle, credentials) = match &store.backend {
         Backend::S3 { ca_bundle, credentials } => (ca_bundle.as_str(), format!(" (credentials from {credentials})")),
@@ -75,11 +76,11 @@ fn probe_error(status: Status, detail: &str, store: &Store) -> Error {
     let advice = match status {
         Status::Connect => "the endpoint is unreachable: check endpoint_override, scheme and that the server is running"
             .to_string(),
-        Status::Tls => tls_advice(detail, ca_bundle),
+        Status::Tls => tls_advice(tls_problem(error), ca_bundle),
         Status::BucketNotFound => "the bucket does not exist: create it or fix store.bucket".to_string(),
         Status::Auth => format!(
             "the credentials were rejected{}: check the access key, secret key and session token, and the region{credentials}",
-            s3_error_code(detail).map(|c| format!(" ({c})")).unwrap_or_default()
+            s3_error_code(&detail).map(|c| format!(" ({c})")).unwrap_or_default()
         ),
         Status::PermissionDenied => format!(
             "access was denied: the credentials need s3:GetObject and s3:PutObject on the bucket{credentials}"
@@ -94,14 +95,14 @@ fn probe_error(status: Status, detail: &str, store: &Store) -> Error {
     Error::new(status, super::credentials::scrub(&format!("connectivity probe of {describe} failed: {advice} ({detail})")))
 }
 
-fn tls_advice(detail: &str, ca_bundle: &str) -> String {
+fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str) -> String {
     let ca_bundle = Some(ca_bundle).filter(|c| !c.is_empty());
     let trusted = match ca_bundle {
         Some(path) => format!("the system roots plus store.ca_bundle {path}"),
         None => "the system roots (store.ca_bundle is not set)".to_string(),
     };
-    if detail.contains("UnknownIssuer") || detail.contains("unknown issuer") {
-        match ca_bundle {
+    match problem {
+        Some(TlsProblem::UnknownIssuer) => match ca_bundle {
             Some(path) => format!(
                 "the server's certificate was issued by a CA that store.ca_bundle {path} does not hold: \
                  put the PEM certificate of the CA that signed the server's certificate in that file"
@@ -110,20 +111,21 @@ fn tls_advice(detail: &str, ca_bundle: &str) -> String {
                 "the server's certificate was issued by an unknown CA (trusted: {trusted}): set store.ca_bundle \
                  to a PEM file holding the certificate of the CA that signed it"
             ),
+        },
+        Some(TlsProblem::WrongName) => "the server's certificate does not name the host of endpoint_override: \
+             connect by a name the certificate lists, or reissue the certificate"
+            .to_string(),
+        Some(TlsProblem::Expired) => {
+            "the server's certificate is expired or not yet valid: renew it or check the clock".to_string()
         }
-    } else if detail.contains("NotValidForName") || detail.contains("not valid for name") {
-        "the server's certificate does not name the host of endpoint_override: connect by a name the certificate \
-         lists, or reissue the certificate"
-            .to_string()
-    } else if detail.contains("Expired") || detail.contains("NotValidYet") {
-        "the server's certificate is expired or not yet valid: renew it or check the clock".to_string()
-    } else if detail.contains("corrupt message") || detail.contains("InvalidContentType") {
-        "the server does not speak TLS on this port: use scheme http, or the server's TLS port".to_string()
-    } else {
-        format!("the server certificate could not be verified against {trusted}: check scheme and store.ca_bundle")
+        Some(TlsProblem::NotTls) => {
+            "the server does not speak TLS on this port: use scheme http, or the server's TLS port".to_string()
+        }
+        Some(TlsProblem::Other) | None => {
+            format!("the server certificate could not be verified against {trusted}: check scheme and store.ca_bundle")
+        }
     }
 }
-
 
 /// Whether the store refuses a second create of one object. The object has one fixed
 /// name per prefix, beside the probe key (never below it: on file-backed stores a child
