@@ -36,6 +36,11 @@ pub struct TierConfig {
     /// Store and load requests in flight at once.
     #[serde(default = "default_inflight_transfers")]
     pub max_inflight_transfers: usize,
+    /// Threads that run blocking file I/O (the local store's reads and writes, DNS
+    /// lookups): a fixed bound, whatever the load, so the host process keeps a small
+    /// number of threads.
+    #[serde(default = "default_file_io_threads")]
+    pub file_io_threads: usize,
     /// Existence checks in flight at once; a separate budget so lookups never queue
     /// behind bulk transfers.
     #[serde(default = "default_inflight_lookups")]
@@ -112,6 +117,9 @@ fn default_runtime_threads() -> usize {
 fn default_inflight_transfers() -> usize {
     64
 }
+fn default_file_io_threads() -> usize {
+    16
+}
 fn default_inflight_lookups() -> usize {
     64
 }
@@ -144,6 +152,29 @@ pub enum StoreConfig {
 pub struct LocalConfig {
     /// Root directory; created if missing.
     pub path: PathBuf,
+    /// Read and write blocks with O_DIRECT (bypassing the page cache) where the block's
+    /// memory and size are aligned to 4096 bytes and the file system allows it; other
+    /// blocks, and file systems that refuse O_DIRECT (tmpfs), use buffered I/O.
+    #[serde(default, deserialize_with = "bool_or_word")]
+    pub o_direct: bool,
+    /// What survives a power loss. `none` (default): a block is published by an atomic
+    /// rename, so a crash of the process never shows a partial block, but blocks written
+    /// shortly before a power loss may be lost (or, on file systems without rename
+    /// ordering, read as the wrong length and fail alone). `data`: each block's bytes are
+    /// flushed (fdatasync) before it is published. `full`: also its directory entry
+    /// (fsync of the directory), so a stored block survives a power loss.
+    #[serde(default)]
+    pub fsync: FsyncPolicy,
+}
+
+/// When the local store flushes to the device (see [`LocalConfig::fsync`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncPolicy {
+    #[default]
+    None,
+    Data,
+    Full,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -329,6 +360,7 @@ impl TierConfig {
         for (name, value, max) in [
             ("runtime_threads", self.runtime_threads, 256),
             ("max_inflight_transfers", self.max_inflight_transfers, 4096),
+            ("file_io_threads", self.file_io_threads, 256),
             ("max_inflight_lookups", self.max_inflight_lookups, 4096),
         ] {
             if value == 0 || value > max {

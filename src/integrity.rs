@@ -46,17 +46,16 @@ pub(crate) fn checksum_attributes(crc: u32) -> object_store::Attributes {
     attributes
 }
 
-/// Records `crc` on the file at `path` as an extended attribute. Best effort: a file
-/// system without user xattrs loads its blocks with the length check only (and the
-/// checksums this tier remembers of its own uploads), which is said once in the log.
-pub(crate) fn set_file_checksum(path: &std::path::Path, crc: u32) {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return };
+/// Records `crc` on an open file as an extended attribute. Best effort: a file system
+/// without user xattrs loads its blocks with the length check only (and the checksums
+/// this tier remembers of its own uploads), which is said once in the log.
+pub(crate) fn set_file_checksum_fd(file: &std::fs::File, crc: u32) {
+    use std::os::fd::AsRawFd;
     let value = format_crc(crc);
-    // SAFETY: both names are NUL-terminated C strings that outlive the call; the value
-    // pointer and length describe `value`'s bytes.
+    // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, and the value's
+    // pointer and length.
     let rc = unsafe {
-        libc::setxattr(cpath.as_ptr(), CRC_XATTR.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0)
+        libc::fsetxattr(file.as_raw_fd(), CRC_XATTR.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0)
     };
     if rc != 0 {
         static WARNED: std::sync::Once = std::sync::Once::new();

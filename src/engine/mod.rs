@@ -137,13 +137,19 @@ impl Tier {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
         let (runtime, store) =
-            runtime::runtime_with_store(&config.store, config.runtime_threads, "kvtier-io", config.transfer_thread_nice)?;
+            runtime::runtime_with_store(
+                &config.store,
+                config.runtime_threads,
+                config.file_io_threads,
+                "kvtier-io",
+                config.transfer_thread_nice,
+            )?;
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store.probe(&probe_name))?;
         let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
         let store = Arc::new(store);
         let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
-            let (lane, lane_store) = runtime::runtime_with_store(&config.store, 1, "kvtier-lookup", 0)?;
+            let (lane, lane_store) = runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
             (Some(lane), Arc::new(lane_store))
         } else {
             (None, store.clone())

@@ -1,22 +1,74 @@
-//! The local-directory store: object names are file paths under a root directory.
+//! The local-directory store: an object is the file `<root>/<object name>`, holding
+//! exactly the block's bytes (so that other tools, and vLLM's own file tiers, read the
+//! same files), with its checksum in the extended attribute `user.kvtier.crc32c`.
+//!
+//! Why not a trailer for the checksum: a file that is exactly the block stays readable by
+//! anything that reads blocks as files; on file systems without user xattrs (tmpfs before
+//! Linux 6.6) a block loads with the length check and the checksums this tier remembers
+//! of its own writes, which is said once in the log.
+//!
+//! A write goes to a temporary file in the target directory (positional writes of the
+//! whole block, the checksum set on the open file) and is published by an atomic rename:
+//! a crash never shows a partial block under an object's name. A conditional create
+//! publishes with `renameat2(RENAME_NOREPLACE)` (or `link`, where the file system lacks
+//! it), so of two writers of one key exactly one publishes. Directories are created once
+//! and remembered. A read is `pread` straight into the block, with the CRC computed per
+//! piece while the piece is in cache. Existence is a `stat`. These calls block: the store
+//! runs them on the runtime's bounded pool of file I/O threads (`file_io_threads`).
 
-use std::path::Path as FsPath;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use object_store::local::LocalFileSystem;
 
-use super::DynStore;
+use super::{DynStore, ReadBlock, Written};
+use crate::config::{FsyncPolicy, LocalConfig};
 use crate::error::{Error, Result, Status};
+use crate::integrity;
 
-/// A client for the directory `root`, created if missing. Writes publish atomically by
-/// rename, so a crash never leaves a partial block under an object's name.
-pub(super) fn open(root: &FsPath) -> Result<DynStore> {
+/// Bytes read per `pread` into a block: small enough that the CRC runs over cached data.
+const READ_PIECE: usize = 1 << 20;
+/// Alignment O_DIRECT needs of memory, offsets and lengths (the largest logical block
+/// size in common use).
+const DIRECT_ALIGN: usize = 4096;
+/// Directories remembered as existing; forgotten whole when full (a cache, never a truth).
+const MAX_REMEMBERED_DIRS: usize = 65_536;
+/// Temporary files start with this; object names never start with a dot.
+pub(crate) const TEMP_PREFIX: &str = ".kvtier-tmp-";
+
+/// The file operations of one local store.
+pub(super) struct LocalFiles {
+    root: PathBuf,
+    o_direct: bool,
+    fsync: FsyncPolicy,
+    made_dirs: Mutex<HashSet<PathBuf>>,
+    next_temp: AtomicU64,
+}
+
+/// An `object_store` client for the directory (listing, and tools that want one) and the
+/// store's own file operations. The directory is created if missing.
+pub(super) fn open(config: &LocalConfig) -> Result<(DynStore, Arc<LocalFiles>)> {
+    let root = &config.path;
     std::fs::create_dir_all(root)
         .map_err(|e| Error::config(format!("cannot create local store directory {}: {e}", root.display())))?;
     let fs = LocalFileSystem::new_with_prefix(root)
         .map_err(|e| Error::config(format!("local store {}: {e}", root.display())))?
         .with_automatic_cleanup(true);
-    Ok(Arc::new(fs))
+    let files = LocalFiles {
+        root: root.clone(),
+        o_direct: config.o_direct,
+        fsync: config.fsync,
+        made_dirs: Mutex::new(HashSet::new()),
+        next_temp: AtomicU64::new(0),
+    };
+    Ok((Arc::new(fs), Arc::new(files)))
 }
 
 /// A local store must take new files: found at start, not by the first store job.
@@ -32,8 +84,306 @@ pub(super) fn check_writable(root: &FsPath) -> Result<()> {
         .and_then(|mut file| file.write_all(b"kvtier"));
     let _ = std::fs::remove_file(&probe);
     written.map_err(|e| {
-        let denied = matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem);
+        let denied = matches!(e.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem);
         let status = if denied { Status::PermissionDenied } else { Status::Config };
         Error::new(status, format!("local store directory {} is not writable: {e}", root.display()))
     })
+}
+
+fn aligned(ptr: *const u8, len: usize) -> bool {
+    (ptr as usize) % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && len > 0
+}
+
+fn io_error(op: &str, name: &str, e: &io::Error) -> Error {
+    let status = match e.kind() {
+        io::ErrorKind::NotFound => Status::NotFound,
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => Status::PermissionDenied,
+        _ => Status::Io,
+    };
+    Error::new(status, format!("{op} {name}: {e}"))
+}
+
+fn c_path(path: &FsPath) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+impl LocalFiles {
+    pub(super) fn root(&self) -> &FsPath {
+        &self.root
+    }
+
+    fn file_path(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Creates `dir` (and its parents) unless this store already did.
+    fn ensure_dir(&self, dir: &FsPath, known_missing: bool) -> io::Result<()> {
+        if !known_missing && self.made_dirs.lock().unwrap_or_else(|p| p.into_inner()).contains(dir) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dir)?;
+        let mut made = self.made_dirs.lock().unwrap_or_else(|p| p.into_inner());
+        if made.len() >= MAX_REMEMBERED_DIRS {
+            made.clear();
+        }
+        made.insert(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// Opens a new temporary file beside `target`, with O_DIRECT when asked and allowed.
+    fn create_temp(&self, target: &FsPath, direct: bool) -> io::Result<(File, PathBuf, bool)> {
+        let dir = target.parent().unwrap_or(&self.root);
+        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
+        let temp = dir.join(format!("{TEMP_PREFIX}{}-{n}", std::process::id()));
+        let open = |direct: bool| {
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true).mode(0o644);
+            if direct {
+                options.custom_flags(libc::O_DIRECT);
+            }
+            options.open(&temp)
+        };
+        self.ensure_dir(dir, false)?;
+        let opened = match open(direct) {
+            // The directory was removed under the cache (by `kvtier gc`, or by hand).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.ensure_dir(dir, true)?;
+                open(direct)
+            }
+            other => other,
+        };
+        match opened {
+            // The file system refuses O_DIRECT (tmpfs): buffered instead.
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                warn_no_direct(&e);
+                Ok((open(false)?, temp, false))
+            }
+            Ok(file) => Ok((file, temp, direct)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes one block under `name`; see the module comment. Blocks the calling thread.
+    pub(super) fn write(&self, name: &str, body: &[u8], crc: Option<u32>, create: bool) -> Result<Written> {
+        let target = self.file_path(name);
+        let direct = self.o_direct && aligned(body.as_ptr(), body.len());
+        let (file, temp, _) = self.create_temp(&target, direct).map_err(|e| io_error("store", name, &e))?;
+        let published = self.fill_and_publish(&file, &temp, &target, body, crc, create);
+        if !matches!(published, Ok(Written::Stored)) {
+            let _ = std::fs::remove_file(&temp);
+        }
+        published.map_err(|e| io_error("store", name, &e))
+    }
+
+    fn fill_and_publish(
+        &self,
+        file: &File,
+        temp: &FsPath,
+        target: &FsPath,
+        body: &[u8],
+        crc: Option<u32>,
+        create: bool,
+    ) -> io::Result<Written> {
+        file.write_all_at(body, 0)?;
+        if let Some(crc) = crc {
+            integrity::set_file_checksum_fd(file, crc);
+        }
+        if self.fsync != FsyncPolicy::None {
+            file.sync_data()?;
+        }
+        let outcome = if create { publish_new(temp, target)? } else { publish(temp, target)? };
+        if outcome == Written::Stored && self.fsync == FsyncPolicy::Full {
+            File::open(target.parent().unwrap_or(&self.root))?.sync_all()?;
+        }
+        Ok(outcome)
+    }
+
+    /// Reads the block stored under `name` into `dest`, which the file must fill exactly.
+    /// Blocks the calling thread.
+    pub(super) fn read(&self, name: &str, dest: &mut [u8], checksum: bool) -> Result<ReadBlock> {
+        let path = self.file_path(name);
+        let direct = self.o_direct && aligned(dest.as_ptr(), dest.len());
+        let open = |direct: bool| {
+            let mut options = std::fs::OpenOptions::new();
+            options.read(true);
+            if direct {
+                options.custom_flags(libc::O_DIRECT);
+            }
+            options.open(&path)
+        };
+        let (file, direct) = match open(direct) {
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                warn_no_direct(&e);
+                (open(false), false)
+            }
+            other => (other, direct),
+        };
+        let file = file.map_err(|e| io_error("load", name, &e))?;
+        let size = file.metadata().map_err(|e| io_error("load", name, &e))?.len();
+        if size != dest.len() as u64 {
+            return Err(Error::new(
+                Status::LengthMismatch,
+                format!("load {name}: object holds {size} bytes but blocks are {} bytes", dest.len()),
+            ));
+        }
+        let recorded = integrity::file_checksum(&file);
+        let mut crc = 0u32;
+        let mut done = 0usize;
+        // O_DIRECT reads the block in one request (the device is the bottleneck, and its
+        // pieces must stay aligned); buffered reads go piece by piece, each checksummed
+        // while it is in cache.
+        let piece_len = if direct { dest.len() } else { READ_PIECE };
+        while done < dest.len() {
+            let end = (done + piece_len).min(dest.len());
+            let n = match file.read_at(&mut dest[done..end], done as u64) {
+                Ok(0) => {
+                    return Err(Error::new(
+                        Status::LengthMismatch,
+                        format!("load {name}: object shorter than {} bytes", dest.len()),
+                    ))
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error("load", name, &e)),
+            };
+            if checksum {
+                crc = integrity::checksum_append(crc, &dest[done..done + n]);
+            }
+            done += n;
+        }
+        Ok(ReadBlock { recorded, computed: checksum.then_some(crc) })
+    }
+
+    /// Whether a block is stored under `name`: a `stat`, microseconds on a warm dentry
+    /// cache, so it runs inline rather than paying a thread hop.
+    pub(super) fn exists(&self, name: &str) -> Result<bool> {
+        match std::fs::metadata(self.file_path(name)) {
+            Ok(meta) => Ok(meta.is_file()),
+            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => Ok(false),
+            Err(e) => Err(io_error("exists", name, &e)),
+        }
+    }
+
+    /// Deletes the block stored under `name`.
+    pub(super) fn delete(&self, name: &str) -> Result<()> {
+        std::fs::remove_file(self.file_path(name)).map_err(|e| io_error("delete", name, &e))
+    }
+}
+
+/// Publishes `temp` as `target`, replacing what was there.
+fn publish(temp: &FsPath, target: &FsPath) -> io::Result<Written> {
+    std::fs::rename(temp, target)?;
+    Ok(Written::Stored)
+}
+
+/// Publishes `temp` as `target` unless `target` exists.
+fn publish_new(temp: &FsPath, target: &FsPath) -> io::Result<Written> {
+    let (from, to) = (c_path(temp)?, c_path(target)?);
+    // SAFETY: two NUL-terminated paths that outlive the call; AT_FDCWD with absolute or
+    // cwd-relative paths, as `rename` would use them.
+    let rc = unsafe {
+        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE)
+    };
+    if rc == 0 {
+        return Ok(Written::Stored);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EEXIST) => Ok(Written::AlreadyStored),
+        // No RENAME_NOREPLACE on this file system: a hard link refuses an existing name
+        // just as atomically.
+        Some(libc::EINVAL | libc::ENOSYS) => {
+            let linked = std::fs::hard_link(temp, target);
+            let _ = std::fs::remove_file(temp);
+            match linked {
+                Ok(()) => Ok(Written::Stored),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Written::AlreadyStored),
+                Err(e) => Err(e),
+            }
+        }
+        _ => Err(e),
+    }
+}
+
+fn warn_no_direct(e: &io::Error) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| log::warn!("the local store's file system refuses O_DIRECT ({e}); using buffered I/O"));
+}
+
+impl std::fmt::Debug for LocalFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalFiles").field("root", &self.root).field("o_direct", &self.o_direct).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &FsPath, o_direct: bool, fsync: FsyncPolicy) -> Arc<LocalFiles> {
+        let config = LocalConfig { path: dir.to_path_buf(), o_direct, fsync };
+        open(&config).unwrap().1
+    }
+
+    #[test]
+    fn write_read_exists_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        for (o_direct, fsync) in [(false, FsyncPolicy::None), (true, FsyncPolicy::Full), (false, FsyncPolicy::Data)] {
+            let f = files(dir.path(), o_direct, fsync);
+            let body: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+            let name = format!("a/b/c-{o_direct}-{fsync:?}.bin");
+            assert!(!f.exists(&name).unwrap());
+            let crc = integrity::checksum(&body);
+            assert_eq!(f.write(&name, &body, Some(crc), false).unwrap(), Written::Stored);
+            assert!(f.exists(&name).unwrap());
+            let mut dest = vec![0u8; body.len()];
+            let read = f.read(&name, &mut dest, true).unwrap();
+            assert_eq!(dest, body);
+            assert_eq!(read.computed, Some(crc));
+            let mut short = vec![0u8; body.len() + 1];
+            assert_eq!(f.read(&name, &mut short, true).unwrap_err().status, Status::LengthMismatch);
+            f.delete(&name).unwrap();
+            assert!(!f.exists(&name).unwrap());
+            assert_eq!(f.read(&name, &mut dest, true).unwrap_err().status, Status::NotFound);
+        }
+        // No temporary file is left behind.
+        let leftovers: Vec<_> = walk(dir.path()).into_iter().filter(|p| p.contains(TEMP_PREFIX)).collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn create_publishes_once_and_overwrite_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path(), false, FsyncPolicy::None);
+        assert_eq!(f.write("k/x", b"first", None, true).unwrap(), Written::Stored);
+        assert_eq!(f.write("k/x", b"second", None, true).unwrap(), Written::AlreadyStored);
+        assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"first");
+        assert_eq!(f.write("k/x", b"third", None, false).unwrap(), Written::Stored);
+        assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"third");
+        let leftovers: Vec<_> = walk(dir.path()).into_iter().filter(|p| p.contains(TEMP_PREFIX)).collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn a_directory_removed_under_the_cache_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path(), false, FsyncPolicy::None);
+        f.write("d/e/one", b"1", None, false).unwrap();
+        std::fs::remove_dir_all(dir.path().join("d")).unwrap();
+        f.write("d/e/two", b"2", None, false).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("d/e/two")).unwrap(), b"2");
+    }
+
+    fn walk(dir: &FsPath) -> Vec<String> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path.display().to_string());
+            }
+        }
+        out
+    }
 }

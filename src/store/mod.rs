@@ -12,7 +12,6 @@ mod local;
 mod probe;
 mod s3;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -38,8 +37,8 @@ pub type DynStore = Arc<dyn ObjectStore>;
 
 /// What kind of store a [`Store`] talks to, where that changes how blocks are handled.
 enum Backend {
-    /// A local directory: checksums live in extended attributes.
-    Local { root: PathBuf },
+    /// A local directory, read and written by the store's own file code.
+    Local { files: Arc<local::LocalFiles> },
     /// Process memory: the store keeps the PUT body itself, so it gets a copy, never a
     /// view of caller memory.
     Memory,
@@ -98,7 +97,8 @@ impl Store {
     pub fn open(config: &StoreConfig) -> Result<Store> {
         let (client, backend, direct, max_retries) = match config {
             StoreConfig::Local(local) => {
-                (local::open(&local.path)?, Backend::Local { root: local.path.clone() }, None, 0)
+                let (client, files) = local::open(local)?;
+                (client, Backend::Local { files }, None, 0)
             }
             StoreConfig::Memory(_) => (Arc::new(InMemory::new()) as DynStore, Backend::Memory, None, 0),
             StoreConfig::S3(config) => {
@@ -140,6 +140,9 @@ impl Store {
     /// missing keys); anything else is an error. Plain-http S3 endpoints are asked on the
     /// direct path first; anything unexpected there is asked again through the client.
     pub async fn exists(&self, path: &Path, missing_is_forbidden: bool) -> Result<bool> {
+        if let Backend::Local { files } = &self.backend {
+            return files.exists(path.as_ref());
+        }
         if let Some(direct) = &self.direct {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             match direct.exists(path.as_ref(), missing_is_forbidden).await {
@@ -164,9 +167,15 @@ impl Store {
     /// refuse the write if the object exists (conditional PUT), which then answers
     /// [`Written::AlreadyStored`].
     pub(crate) async fn write_block(&self, path: &Path, body: Bytes, crc: Option<u32>, create: bool) -> Result<Written> {
-        let attributes = match (&self.backend, crc) {
-            (Backend::Local { .. }, _) | (_, None) => Default::default(),
-            (_, Some(crc)) => integrity::checksum_attributes(crc),
+        if let Backend::Local { files } = &self.backend {
+            let (files, name) = (files.clone(), path.to_string());
+            return tokio::task::spawn_blocking(move || files.write(&name, &body, crc, create))
+                .await
+                .map_err(|e| Error::join(&format!("store {path}"), &e))?;
+        }
+        let attributes = match crc {
+            None => Default::default(),
+            Some(crc) => integrity::checksum_attributes(crc),
         };
         let body = match self.backend {
             Backend::Memory => Bytes::copy_from_slice(&body),
@@ -177,12 +186,7 @@ impl Store {
         // A conditional PUT cut short by a timeout or a reset is repeated here: object_store
         // repeats only PUTs it deems idempotent, and a repeat that finds the object is a 412.
         match classify::put_with_retries(&self.client, path, PutPayload::from_bytes(body), options, self.max_retries).await {
-            Ok(_) => {
-                if let (Backend::Local { root }, Some(crc)) = (&self.backend, crc) {
-                    integrity::set_file_checksum(&root.join(path.as_ref()), crc);
-                }
-                Ok(Written::Stored)
-            }
+            Ok(_) => Ok(Written::Stored),
             Err(object_store::Error::AlreadyExists { .. }) => Ok(Written::AlreadyStored),
             Err(e) => Err(op_error("store", path, &e)),
         }
@@ -193,6 +197,13 @@ impl Store {
     /// answer on the direct path (falling back to the client on anything unexpected).
     /// On error the slot may hold partial data.
     pub(crate) async fn read_block(&self, path: &Path, slot: &mut BlockSlot, checksum: bool, allow_direct: bool) -> Result<ReadBlock> {
+        if let Backend::Local { files } = &self.backend {
+            let (files, name, mut dest) = (files.clone(), path.to_string(), slot.reborrow());
+            // The slot is used by the blocking task alone until it is awaited here.
+            return tokio::task::spawn_blocking(move || files.read(&name, dest.as_mut_slice(), checksum))
+                .await
+                .map_err(|e| Error::join(&format!("load {path}"), &e))?;
+        }
         if let (Some(direct), true) = (&self.direct, allow_direct) {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             let block_bytes = slot.len();
@@ -265,6 +276,9 @@ impl Store {
 
     /// Deletes the object at `path`.
     pub(crate) async fn delete(&self, path: &Path) -> Result<()> {
+        if let Backend::Local { files } = &self.backend {
+            return files.delete(path.as_ref());
+        }
         self.client.delete(path).await.map_err(|e| op_error("delete", path, &e))
     }
 
@@ -272,8 +286,8 @@ impl Store {
     /// store is unreachable, refuses the credentials or lacks the bucket. See
     /// [`probe::probe`].
     pub async fn probe(&self, probe_name: &str) -> Result<ProbeOutcome> {
-        if let Backend::Local { root } = &self.backend {
-            local::check_writable(root)?;
+        if let Backend::Local { files } = &self.backend {
+            local::check_writable(files.root())?;
         }
         probe::probe(self, probe_name).await
     }
