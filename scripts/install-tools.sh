@@ -23,6 +23,16 @@ PYTHON=${PYTHON:-python3}
 
 say() { echo "install-tools: $*" >&2; }
 
+# rustfmt and clippy ---------------------------------------------------------------------
+# The lint suite runs both; rustup's minimal profile leaves them out.
+for component in rustfmt clippy; do
+    probe=fmt; [[ $component == clippy ]] && probe=clippy
+    if ! cargo "$probe" --version >/dev/null 2>&1; then
+        say "rustup component add $component"
+        rustup component add "$component"
+    fi
+done
+
 # s3s-fs ---------------------------------------------------------------------------------
 if [[ -x "$TOOLS/bin/s3s-fs" ]] && "$TOOLS/bin/s3s-fs" --version 2>/dev/null | grep -qx "s3s-fs $S3S_VERSION"; then
     :

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test of the project: the Rust unit and integration tests (engine, integrity,
+# Runs every test of the project: formatting and clippy (warnings are errors), the Rust unit and integration tests (engine, integrity,
 # lookups, and the S3 suites against real s3s-fs and moto servers, with TLS, credentials and
 # fault injection), the C/C++ harness (plain, ASan+UBSan, C++, valgrind), the dlopen test and
 # the C examples, the Python contract tests, and the NIXL interop tests. Installs what it
@@ -26,6 +26,7 @@ suite() {
 }
 
 suite install-tools scripts/install-tools.sh
+suite lint bash -c 'cargo fmt --check && cargo clippy --release --all-targets -- -D warnings'
 suite rust cargo test --release --no-fail-fast
 suite ffi bash ffi-tests/run.sh
 suite install bash scripts/test-install.sh
