@@ -259,7 +259,9 @@ impl LocalFiles {
     pub(super) fn exists(&self, name: &str) -> Result<bool> {
         match std::fs::metadata(self.file_path(name)) {
             Ok(meta) => Ok(meta.is_file()),
-            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            // A file where a directory of the layout should be: the store is damaged, which
+            // is neither "found" nor "absent" (the check fails, and its request's keys MISS).
             Err(e) => Err(io_error("exists", name, &e)),
         }
     }
