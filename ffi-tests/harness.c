@@ -2162,6 +2162,78 @@ out:
     fixture_close(&f);
 }
 
+/* kvt_tier_metrics: the size query, the text's counters against kvt_tier_stats, NULLs. */
+static void test_metrics(void)
+{
+    fixture f;
+    uint8_t *keys = make_keys(2);
+    uint64_t src[2] = {0, 1}, id = 1;
+    size_t len = 0, needed;
+    char *buf = NULL, line[128];
+    kvt_stats stats;
+
+    if (!fixture_open(&f, "memory", 4, 4096, "")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, id, src, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    wait_ok(&f, &id, 1, scaled_ms(5000));
+    CHECK_STATUS(kvt_tier_metrics(f.tier, NULL, 0, &len), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK(len > 0);
+    needed = len + 1;
+    buf = (char *)malloc(needed);
+    CHECK_STATUS(kvt_tier_metrics(f.tier, buf, len, &len), KVT_STATUS_INVALID_ARGUMENT); /* no room for the NUL */
+    CHECK_STATUS(kvt_tier_metrics(f.tier, buf, needed, &len), KVT_STATUS_OK);
+    CHECK(strlen(buf) == len);
+    CHECK_STATUS(kvt_tier_stats(f.tier, &stats, sizeof stats), KVT_STATUS_OK);
+    snprintf(line, sizeof line, "\nkvtier_keys_stored_total %llu\n", (unsigned long long)stats.keys_stored);
+    CHECKF(stats.keys_stored == 2 && strstr(buf, line) != NULL, "no line \"%s\" in:\n%s", line + 1, buf);
+    CHECK(strstr(buf, "# TYPE kvtier_job_seconds histogram\n") != NULL);
+    CHECK(strstr(buf, "kvtier_job_seconds_count{kind=\"store\"} 1\n") != NULL);
+    CHECK_STATUS(kvt_tier_metrics(NULL, buf, needed, &len), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_metrics(f.tier, buf, needed, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_metrics(f.tier, NULL, 8, &len), KVT_STATUS_NULL_ARGUMENT);
+out:
+    free(buf);
+    free(keys);
+    fixture_close(&f);
+}
+
+static struct {
+    int calls, bad_userdata, above_max, ready;
+} log_seen;
+
+static void count_records(void *userdata, kvt_log_level level, const char *target, const char *message)
+{
+    log_seen.calls++;
+    log_seen.bad_userdata += userdata != (void *)&log_seen;
+    log_seen.above_max += level > KVT_LOG_LEVEL_INFO;
+    log_seen.ready += strncmp(target, "kvtier", 6) == 0 && strstr(message, "tier ready") != NULL;
+}
+
+/* kvt_set_log_callback: records up to max_level reach the host's function with its
+ * userdata; NULL restores the default; a bad level is refused. */
+static void test_log_callback(void)
+{
+    fixture f;
+
+    memset(&log_seen, 0, sizeof log_seen);
+    CHECK_STATUS(kvt_set_log_callback(count_records, &log_seen, KVT_LOG_LEVEL_INFO), KVT_STATUS_OK);
+    if (fixture_open(&f, "memory", 4, 4096, "")) {
+        fixture_close(&f);
+    }
+    CHECK_STATUS(kvt_set_log_callback(NULL, NULL, KVT_LOG_LEVEL_OFF), KVT_STATUS_OK);
+    CHECKF(log_seen.ready == 1, "tier ready records: %d of %d", log_seen.ready, log_seen.calls);
+    CHECK(log_seen.bad_userdata == 0 && log_seen.above_max == 0);
+    /* After the reset the old callback is never called again. */
+    log_seen.calls = 0;
+    if (fixture_open(&f, "memory", 4, 4096, "")) {
+        fixture_close(&f);
+    }
+    CHECK(log_seen.calls == 0);
+    CHECK_STATUS(kvt_set_log_callback(count_records, NULL, 6), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_set_log_callback(count_records, NULL, -1), KVT_STATUS_INVALID_ARGUMENT);
+}
+
 /* kvt_vllm_namespace: the size query, exact fits, NULLs and bad field sets. */
 static void test_vllm_namespace(void)
 {
@@ -2882,6 +2954,8 @@ static const test_case k_cases[] = {
     {"fork", test_fork},
     {"stats", test_stats},
     {"vllm_namespace", test_vllm_namespace},
+    {"metrics", test_metrics},
+    {"log_callback", test_log_callback},
     {"lookups_and_events", test_lookups_and_events},
     {"pool_fenced", test_pool_fenced},
     {"random_sequences", test_random_sequences},

@@ -170,6 +170,17 @@ typedef enum kvt_locality {
   KVT_LOCALITY_REMOTE = 2,
 } kvt_locality;
 
+// Severity of a log record, and the most verbose severity a callback wants.
+typedef enum kvt_log_level {
+  // No records (as `max_level`: the callback is never called).
+  KVT_LOG_LEVEL_OFF = 0,
+  KVT_LOG_LEVEL_ERROR = 1,
+  KVT_LOG_LEVEL_WARN = 2,
+  KVT_LOG_LEVEL_INFO = 3,
+  KVT_LOG_LEVEL_DEBUG = 4,
+  KVT_LOG_LEVEL_TRACE = 5,
+} kvt_log_level;
+
 // A tier handle. Opaque to C (so not `repr(C)`: cbindgen declares it only).
 typedef struct kvt_tier kvt_tier;
 
@@ -242,6 +253,14 @@ typedef struct kvt_stats {
   // answer or a transport error.
   uint64_t direct_fallbacks;
 } kvt_stats;
+
+// A host's log function (NULL for none): `level`, the record's `target` (the Rust
+// module, e.g. `kvtier::engine` or `object_store::client::retry`) and `message`, both
+// NUL-terminated and valid for the call only.
+typedef void (*kvt_log_callback)(void *userdata,
+                                 enum kvt_log_level level,
+                                 const char *target,
+                                 const char *message);
 
 #ifdef __cplusplus
 extern "C" {
@@ -439,6 +458,40 @@ enum kvt_status kvt_tier_take_events(struct kvt_tier *tier,
 enum kvt_status kvt_tier_stats(struct kvt_tier *tier,
                                struct kvt_stats *out_stats,
                                size_t stats_size);
+
+// Writes the tier's metrics in the Prometheus text exposition format (version 0.0.4)
+// into `out_buf` (`capacity` bytes), NUL-terminated, and their length without the NUL to
+// `*out_len`: every counter of `kvt_stats` as `kvtier_<field>_total` (same values as
+// `kvt_tier_stats` at the same moment), `kvtier_failed_keys_total{status=...}`, the gauges
+// `kvtier_jobs_in_flight` and `kvtier_lookups_tracked`, and the histograms
+// `kvtier_job_seconds{kind="store"|"load"}`, `kvtier_existence_check_seconds` and
+// `kvtier_object_bytes`. When `capacity` is too small, returns
+// KVT_STATUS_INVALID_ARGUMENT with `*out_len` set to the length needed (call again with
+// at least `*out_len + 1` bytes; the text may grow slightly between calls). NULL `tier`
+// or `out_len`, or NULL `out_buf` with `capacity > 0`, is KVT_STATUS_NULL_ARGUMENT. Works
+// after `kvt_tier_shutdown`. Thread-safe.
+enum kvt_status kvt_tier_metrics(struct kvt_tier *tier,
+                                 char *out_buf,
+                                 size_t capacity,
+                                 size_t *out_len);
+
+// Routes the library's log records (its own, and those of the storage client it uses,
+// retry messages among them) to `callback`, called with `userdata`, a level, the
+// record's target (a Rust module path) and its message; both strings are NUL-terminated
+// and valid only during the call. Records more verbose than `max_level` are dropped
+// before they are formatted. NULL `callback` restores the default: records go to stderr,
+// filtered by the `RUST_LOG` environment variable (default `warn`). No record carries a
+// credential.
+//
+// Process-wide: one callback for every tier. The callback may be called from any of
+// the library's threads, several at once, and must not block for long, unwind, or call
+// `kvt_set_log_callback`; other kvt_ calls from within it are allowed (their own records
+// then go to stderr). When this function returns, the previous callback is not running
+// and is never called again, so its `userdata` may be freed. Never fails: returns
+// KVT_STATUS_OK, or KVT_STATUS_INVALID_ARGUMENT for a `max_level` outside the enum.
+// Thread-safe. (A Rust program that installed its own `log` logger before the first
+// kvt_ call keeps it, and callbacks are not called.)
+enum kvt_status kvt_set_log_callback(kvt_log_callback callback, void *userdata, int max_level);
 
 // Computes vLLM's namespace string
 // `<model_name with / replaced by _>_<first 12 hex of SHA-256 of the field set>_r<rank>`

@@ -58,6 +58,34 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in code order (codes are contiguous from 0).
+    pub const ALL: [Status; 21] = {
+        use Status::*;
+        [
+            Ok, NullArgument, InvalidArgument, Config, Connect, Io, NotFound, State, Panic, DuplicateJob, ShutDown,
+            Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls, Forked,
+            BlockBusy,
+        ]
+    };
+
+    /// The status with this numeric code, if any.
+    pub fn from_code(code: i32) -> Option<Status> {
+        Status::ALL.iter().copied().find(|s| *s as i32 == code)
+    }
+
+    /// The name in snake case, as in the C enum without its `KVT_STATUS_` prefix:
+    /// `not_found`, `length_mismatch`...
+    pub fn name(self) -> String {
+        let mut out = String::new();
+        for (i, c) in format!("{self:?}").chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        }
+        out
+    }
+
     /// A short, static English description, NUL-terminated for the C ABI.
     pub fn as_cstr(self) -> &'static std::ffi::CStr {
         match self {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod ffi;
 mod integrity;
 pub mod key;
+mod logs;
 pub mod namespace;
 mod pool;
 pub mod store;
@@ -25,6 +26,7 @@ pub use engine::{
 };
 pub use error::{Error, Result, Status};
 pub use integrity::CRC_METADATA;
+pub use logs::{LogCallback, LogLevel};
 pub use pool::HostPool;
 
 /// The library version, from Cargo.toml.

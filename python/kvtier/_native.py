@@ -17,7 +17,10 @@ for want of it.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import enum
+import logging
 import os
 import sys
 import threading
@@ -88,6 +91,23 @@ class KvtStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 
 
+class LogLevel(enum.IntEnum):
+    """``kvt_log_level``: a record's severity, or the most verbose one wanted."""
+
+    OFF = 0
+    ERROR = 1
+    WARN = 2
+    INFO = 3
+    DEBUG = 4
+    TRACE = 5
+
+
+#: ``kvt_log_callback``: (userdata, level, target, message).
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)
+
+#: The header's function-pointer types.
+CALLBACKS = {"kvt_log_callback": LOG_CALLBACK}
+
 tier_p = ctypes.c_void_p  # opaque `kvt_tier *`
 
 _PROTOTYPES = {
@@ -125,7 +145,64 @@ _PROTOTYPES = {
         c_status,
         [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
     ),
+    "kvt_tier_metrics": (c_status, [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "kvt_set_log_callback": (c_status, [LOG_CALLBACK, ctypes.c_void_p, ctypes.c_int]),
 }
+
+# ---------------------------------------------------------------------------------------
+# Log records of the library, routed to the ``kvtier`` logger.
+
+#: The Python logger that receives the library's records (its own and its storage
+#: client's, retry messages among them); targets become child loggers' ``target`` extra.
+logger = logging.getLogger("kvtier")
+
+_PY_LEVELS = {
+    LogLevel.ERROR: logging.ERROR,
+    LogLevel.WARN: logging.WARNING,
+    LogLevel.INFO: logging.INFO,
+    LogLevel.DEBUG: logging.DEBUG,
+    LogLevel.TRACE: 5,
+}
+
+
+def _forward_record(_userdata, level, target, message) -> None:
+    try:
+        py_level = _PY_LEVELS.get(LogLevel(level), logging.INFO)
+        logger.log(py_level, "%s", message.decode("utf-8", "replace"), extra={"target": target.decode("utf-8", "replace")})
+    except Exception:  # never let an exception cross back into the library's thread
+        pass
+
+
+# Kept for the life of the process: the library may call it from any of its threads.
+_LOG_FORWARDER = LOG_CALLBACK(_forward_record)
+
+
+def _wanted_level() -> LogLevel:
+    effective = logger.getEffectiveLevel()
+    if effective <= 5:
+        return LogLevel.TRACE
+    if effective <= logging.DEBUG:
+        return LogLevel.DEBUG
+    if effective <= logging.INFO:
+        return LogLevel.INFO
+    if effective <= logging.WARNING:
+        return LogLevel.WARN
+    return LogLevel.ERROR
+
+
+def refresh_log_level() -> None:
+    """Reads the ``kvtier`` logger's effective level again and tells the library, which
+    then formats only the records that logger would keep. Called when the library is
+    loaded; call it again after changing the logging configuration."""
+    lib = load()
+    lib.kvt_set_log_callback(_LOG_FORWARDER, None, int(_wanted_level()))
+
+
+def _stop_logging() -> None:
+    # At interpreter exit, before Python tears down: the library's threads must not call
+    # into a finalising interpreter.
+    if _lib is not None:
+        _lib.kvt_set_log_callback(LOG_CALLBACK(), None, 0)
 
 # ---------------------------------------------------------------------------------------
 # Finding and loading the library.
@@ -187,6 +264,8 @@ def load() -> ctypes.CDLL:
                     "KVTIER_LIBRARY at a matching build"
                 )
             _lib, _lib_path = lib, str(path)
+            lib.kvt_set_log_callback(_LOG_FORWARDER, None, int(_wanted_level()))
+            atexit.register(_stop_logging)
             return lib
         hint = (
             "KVTIER_LIBRARY is set but unusable"

@@ -539,6 +539,22 @@ class Tier:
                 if count.value < _BATCH:
                     return out
 
+    def metrics(self) -> str:
+        """The tier's metrics in the Prometheus text exposition format: the counters of
+        :meth:`stats` as ``kvtier_<name>_total``, failed keys by status, jobs in flight,
+        and histograms of job latency, existence-check latency and object sizes."""
+        size = ctypes.c_size_t(0)
+        capacity = 16384
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            with self._h as ptr:
+                status = _lib().kvt_tier_metrics(ptr, buf, capacity, ctypes.byref(size))
+            if status == 0:
+                return buf.value.decode()
+            if size.value + 1 <= capacity:
+                _check(status)
+            capacity = size.value + 4096  # the text may grow between two calls
+
     def stats(self) -> dict[str, int]:
         """The tier's counters (keys/bytes stored and loaded, failures, existence checks)."""
         out = _native.KvtStats()

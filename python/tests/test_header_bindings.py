@@ -56,6 +56,7 @@ NOT_CONSTANTS = {"KVTIER_H"}
 
 #: The header's enums and the Python enums that mirror them.
 ENUMS = {
+    "kvt_log_level": _native.LogLevel,
     "kvt_status": errors.Status,
     "kvt_job_kind": tier_module.JobKind,
     "kvt_lookup_result": tier_module.LookupResult,
@@ -99,6 +100,8 @@ class Header:
         self.functions: dict[str, tuple[str, list[tuple[str, str]]]] = {}
         self.structs: dict[str, list[tuple[str, str]] | None] = {}
         self.enums: dict[str, list[str]] = {}
+        #: Function-pointer typedefs: name -> (return type, [(parameter, type)]).
+        self.callbacks: dict[str, tuple[str, list[tuple[str, str]]]] = {}
         self.defines: dict[str, str] = {}
         for name, value in re.findall(r"^\s*#\s*define\s+(\w+)(?:[ \t]+(.*?))?\s*$", self.text, re.M):
             if name not in NOT_CONSTANTS:
@@ -119,6 +122,10 @@ class Header:
             decl = node.type
             if isinstance(node, c_ast.Typedef) and isinstance(decl, c_ast.TypeDecl):
                 self._record_type(decl.type)
+            elif isinstance(node, c_ast.Typedef) and isinstance(decl, c_ast.PtrDecl) and isinstance(decl.type, c_ast.FuncDecl):
+                func = decl.type
+                params = [(param.name, type_name(param.type)) for param in func.args.params]
+                self.callbacks[node.name] = (type_name(func.type), params)
             elif isinstance(node, c_ast.Decl) and isinstance(decl, c_ast.FuncDecl):
                 params = []
                 for param in decl.args.params if decl.args else []:
@@ -219,10 +226,14 @@ def accepted(ctype: str, header: Header) -> tuple:
     if stars == 0:
         if base.startswith("enum "):
             return (ctypes.c_int,)
+        if base in header.callbacks:
+            return (_native.CALLBACKS[base],)
         return (SCALARS[base],)
     if stars == 1:
         if base == "char":
             return (ctypes.c_char_p,)
+        if base == "void":
+            return (ctypes.c_void_p,)
         if base.startswith("struct "):
             name = base.split()[1]
             if header.structs.get(name) is None:  # opaque handle
@@ -286,6 +297,16 @@ def test_struct_layouts_match_the_c_compiler(name: str, header: Header, compiled
         descriptor = getattr(cls, field)
         assert (descriptor.offset, descriptor.size) == (offset, size), f"{name}.{field}: offset/size differ"
     assert [ctypes.sizeof(cls), ctypes.alignment(cls)] == compiled[f"struct {name}"]
+
+
+def test_callback_types_match_the_header(header: Header):
+    assert set(_native.CALLBACKS) == set(header.callbacks), "every function-pointer type has a ctypes mirror"
+    for name, (ret, params) in header.callbacks.items():
+        cfunc = _native.CALLBACKS[name]
+        assert cfunc._restype_ in accepted(ret, header), f"{name} returns {ret}"
+        assert len(cfunc._argtypes_) == len(params), name
+        for (param, ctype), declared in zip(params, cfunc._argtypes_):
+            assert declared in accepted(ctype, header), f"{name}({param}): {ctype} declared {describe(declared)}"
 
 
 def test_stats_fields_are_the_structs_counters(header: Header):

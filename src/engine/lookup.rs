@@ -177,7 +177,10 @@ pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
             shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
             let name = crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
-            shared.lookup_store.exists(&name, missing_is_forbidden).await.map_err(|e| {
+            let started = std::time::Instant::now();
+            let found = shared.lookup_store.exists(&name, missing_is_forbidden).await;
+            shared.metrics.existence_checked(started.elapsed().as_secs_f64());
+            found.map_err(|e| {
                 shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!("existence check failed: {}", e.message);
             })

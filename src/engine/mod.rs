@@ -12,6 +12,7 @@ mod dedup;
 mod events;
 mod jobs;
 mod lookup;
+mod metrics;
 mod runtime;
 mod stats;
 mod transfer;
@@ -60,6 +61,7 @@ pub(crate) struct Shared {
     closing: AtomicBool,
     answers_tx: Sender<Vec<Answer>>,
     stats: stats::Stats,
+    metrics: metrics::Metrics,
     dedup: Dedup,
 }
 
@@ -91,6 +93,7 @@ impl Shared {
 
     /// Publishes a job's one result. A second finish for the same id is dropped.
     fn finish(&self, result: JobResult) {
+        self.metrics.job_finished(result.kind, result.seconds, &result.key_status);
         let mut table = self.table();
         match table.jobs.get_mut(&result.job_id) {
             Some(phase @ Phase::Running { .. }) => {
@@ -174,6 +177,7 @@ impl Tier {
             closing: AtomicBool::new(false),
             answers_tx,
             stats: stats::Stats::default(),
+            metrics: metrics::Metrics::default(),
         });
         Ok(Tier {
             shared,
@@ -456,6 +460,15 @@ impl Tier {
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let n = max.min(events.len());
         events.drain(..n).collect()
+    }
+
+    /// The tier's metrics in the Prometheus text exposition format (version 0.0.4): the
+    /// counters of [`stats`](Self::stats) as `kvtier_<name>_total`, failed keys by status,
+    /// jobs in flight, and histograms of job latency, existence-check latency and object
+    /// sizes.
+    pub fn metrics(&self) -> String {
+        let gauges = metrics::Gauges { jobs_in_flight: self.jobs_in_flight(), lookups_tracked: self.tracked_lookup_keys() };
+        self.shared.metrics.render(&self.stats(), &gauges)
     }
 
     pub fn stats(&self) -> StatsSnapshot {

@@ -64,6 +64,9 @@ pub(crate) async fn run_job(
         JobKind::Load => (&stats.keys_loaded, &stats.bytes_loaded),
     };
     keys_counter.fetch_add(ok_keys as u64, Ordering::Relaxed);
+    for _ in 0..ok_keys {
+        shared.metrics.object_moved(pool.block_bytes());
+    }
     bytes_counter.fetch_add((ok_keys * pool.block_bytes()) as u64, Ordering::Relaxed);
     stats.keys_failed.fetch_add((keys.len() - ok_keys) as u64, Ordering::Relaxed);
     let first_error = outcomes.iter().find_map(|o| o.as_ref().err());

@@ -135,13 +135,7 @@ pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
 }
 
 fn status_from_int(value: c_int) -> Option<Status> {
-    use Status::*;
-    const ALL: [Status; 21] = [
-        Ok, NullArgument, InvalidArgument, Config, Connect, Io, NotFound, State, Panic, DuplicateJob, ShutDown,
-        Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls, Forked,
-        BlockBusy,
-    ];
-    ALL.iter().copied().find(|s| *s as c_int == value)
+    Status::from_code(value)
 }
 
 /// Creates a tier from a JSON configuration, builds its store and probes it.
@@ -164,6 +158,7 @@ fn status_from_int(value: c_int) -> Option<Status> {
 /// Blocks for the probe. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut *mut kvt_tier) -> Status {
+    crate::logs::install();
     guard("kvt_tier_new", || {
         if out_tier.is_null() {
             return Err(Error::new(Status::NullArgument, "out_tier is NULL"));
@@ -631,6 +626,68 @@ pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut Sta
     unsafe { guard_tier("kvt_tier_stats", tier, Access::Collect, body) }
 }
 
+/// Writes the tier's metrics in the Prometheus text exposition format (version 0.0.4)
+/// into `out_buf` (`capacity` bytes), NUL-terminated, and their length without the NUL to
+/// `*out_len`: every counter of `kvt_stats` as `kvtier_<field>_total` (same values as
+/// `kvt_tier_stats` at the same moment), `kvtier_failed_keys_total{status=...}`, the gauges
+/// `kvtier_jobs_in_flight` and `kvtier_lookups_tracked`, and the histograms
+/// `kvtier_job_seconds{kind="store"|"load"}`, `kvtier_existence_check_seconds` and
+/// `kvtier_object_bytes`. When `capacity` is too small, returns
+/// KVT_STATUS_INVALID_ARGUMENT with `*out_len` set to the length needed (call again with
+/// at least `*out_len + 1` bytes; the text may grow slightly between calls). NULL `tier`
+/// or `out_len`, or NULL `out_buf` with `capacity > 0`, is KVT_STATUS_NULL_ARGUMENT. Works
+/// after `kvt_tier_shutdown`. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_metrics(
+    tier: *mut kvt_tier,
+    out_buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> Status {
+    let body = |handle: &kvt_tier| {
+        if out_len.is_null() || (out_buf.is_null() && capacity > 0) {
+            return Err(Error::new(Status::NullArgument, "out_len or out_buf is NULL"));
+        }
+        // SAFETY: checked non-NULL above; sized by the caller as the header states.
+        unsafe { write_text(&handle.tier.metrics(), out_buf, capacity, out_len) }
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_metrics", tier, Access::Collect, body) }
+}
+
+/// Routes the library's log records (its own, and those of the storage client it uses,
+/// retry messages among them) to `callback`, called with `userdata`, a level, the
+/// record's target (a Rust module path) and its message; both strings are NUL-terminated
+/// and valid only during the call. Records more verbose than `max_level` are dropped
+/// before they are formatted. NULL `callback` restores the default: records go to stderr,
+/// filtered by the `RUST_LOG` environment variable (default `warn`). No record carries a
+/// credential.
+///
+/// Process-wide: one callback for every tier. The callback may be called from any of
+/// the library's threads, several at once, and must not block for long, unwind, or call
+/// `kvt_set_log_callback`; other kvt_ calls from within it are allowed (their own records
+/// then go to stderr). When this function returns, the previous callback is not running
+/// and is never called again, so its `userdata` may be freed. Never fails: returns
+/// KVT_STATUS_OK, or KVT_STATUS_INVALID_ARGUMENT for a `max_level` outside the enum.
+/// Thread-safe. (A Rust program that installed its own `log` logger before the first
+/// kvt_ call keeps it, and callbacks are not called.)
+#[no_mangle]
+pub unsafe extern "C" fn kvt_set_log_callback(
+    callback: crate::logs::LogCallback,
+    userdata: *mut std::ffi::c_void,
+    max_level: c_int,
+) -> Status {
+    guard("kvt_set_log_callback", || {
+        use crate::logs::LogLevel;
+        let level = [LogLevel::Off, LogLevel::Error, LogLevel::Warn, LogLevel::Info, LogLevel::Debug, LogLevel::Trace]
+            .into_iter()
+            .find(|l| *l as c_int == max_level)
+            .ok_or_else(|| Error::invalid(format!("max_level {max_level} is not a kvt_log_level (0..5)")))?;
+        crate::logs::set_callback(callback, userdata, level);
+        Ok(())
+    })
+}
+
 /// Computes vLLM's namespace string
 /// `<model_name with / replaced by _>_<first 12 hex of SHA-256 of the field set>_r<rank>`
 /// from `fields_json`, the JSON object of hashed fields (model_name, tokens_per_hash,
@@ -660,19 +717,32 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
         let fields: serde_json::Value =
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("fields_json is not JSON: {e}")))?;
         let namespace = crate::namespace::vllm_namespace(&fields, rank)?;
-        // SAFETY: non-NULL (checked above) and writable by the header's contract.
-        unsafe { *out_len = namespace.len() };
-        if namespace.len() + 1 > capacity {
-            return Err(Error::invalid(format!("out_buf holds {capacity} bytes; {} needed", namespace.len() + 1)));
-        }
-        // SAFETY: `out_buf` holds `capacity` writable bytes (the header's contract) and the
-        // string plus its NUL fits (checked just above); it is non-NULL as capacity > 0.
-        unsafe {
-            std::ptr::copy_nonoverlapping(namespace.as_ptr(), out_buf as *mut u8, namespace.len());
-            *out_buf.add(namespace.len()) = 0;
-        }
-        Ok(())
+        // SAFETY: the output arguments were checked non-NULL above and are sized by the
+        // caller as the header states.
+        unsafe { write_text(&namespace, out_buf, capacity, out_len) }
     })
+}
+
+/// Writes `text` and a NUL into `out_buf` and its length (without the NUL) to
+/// `*out_len`; when it does not fit, only `*out_len` is written, and the error says how
+/// many bytes are needed.
+///
+/// # Safety
+/// `out_len` is non-NULL and writable; `out_buf` holds `capacity` writable bytes (and is
+/// non-NULL when `capacity > 0`).
+unsafe fn write_text(text: &str, out_buf: *mut c_char, capacity: usize, out_len: *mut usize) -> crate::Result<()> {
+    // SAFETY: the function's contract.
+    unsafe { *out_len = text.len() };
+    if text.len() + 1 > capacity {
+        return Err(Error::invalid(format!("out_buf holds {capacity} bytes; {} needed", text.len() + 1)));
+    }
+    // SAFETY: `out_buf` holds `capacity` writable bytes and the text plus its NUL fits
+    // (checked just above); it is non-NULL as capacity > 0.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), out_buf as *mut u8, text.len());
+        *out_buf.add(text.len()) = 0;
+    }
+    Ok(())
 }
 
 /// `*out_count` reads 0 on every error of a function that fills a caller array.

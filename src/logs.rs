@@ -1,0 +1,186 @@
+//! Where the library's log records go: to a host's callback (`kvt_set_log_callback`), or
+//! else to stderr, filtered by `RUST_LOG` (default `warn`). The `tracing` events of
+//! `object_store` (its retry messages among them) arrive here as `log` records: tracing's
+//! `log` feature forwards them when the host has installed no tracing subscriber.
+//!
+//! Installed by the C ABI on first use. A Rust program that installs its own logger
+//! first keeps it: records then go there, and callbacks are not called.
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CString};
+use std::sync::{Once, RwLock};
+
+/// Severity of a log record, and the most verbose severity a callback wants.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// No records (as `max_level`: the callback is never called).
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
+
+impl LogLevel {
+    fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Off => log::LevelFilter::Off,
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+        }
+    }
+
+    fn of(level: log::Level) -> LogLevel {
+        match level {
+            log::Level::Error => LogLevel::Error,
+            log::Level::Warn => LogLevel::Warn,
+            log::Level::Info => LogLevel::Info,
+            log::Level::Debug => LogLevel::Debug,
+            log::Level::Trace => LogLevel::Trace,
+        }
+    }
+}
+
+/// A host's log function (NULL for none): `level`, the record's `target` (the Rust
+/// module, e.g. `kvtier::engine` or `object_store::client::retry`) and `message`, both
+/// NUL-terminated and valid for the call only.
+pub type LogCallback =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, level: LogLevel, target: *const c_char, message: *const c_char)>;
+
+/// A log function that is set.
+type LogFn = unsafe extern "C" fn(userdata: *mut c_void, level: LogLevel, target: *const c_char, message: *const c_char);
+
+#[derive(Clone, Copy)]
+struct Sink {
+    callback: LogFn,
+    /// The host's pointer, handed back untouched.
+    userdata: usize,
+    max_level: log::LevelFilter,
+}
+
+static SINK: RwLock<Option<Sink>> = RwLock::new(None);
+static INSTALL: Once = Once::new();
+
+thread_local! {
+    /// Set while this thread runs the host's callback: a record the callback causes goes
+    /// to stderr rather than back into the callback.
+    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+}
+
+struct Router {
+    stderr: env_logger::Logger,
+}
+
+impl Router {
+    fn sink(&self) -> Option<Sink> {
+        *SINK.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl log::Log for Router {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        match self.sink() {
+            Some(sink) => metadata.level() <= sink.max_level,
+            None => self.stderr.enabled(metadata),
+        }
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if IN_CALLBACK.with(Cell::get) {
+            self.stderr.log(record);
+            return;
+        }
+        // The read lock is held through the call, so that once kvt_set_log_callback has
+        // replaced a callback, the old one is never called again.
+        let sink = SINK.read().unwrap_or_else(|p| p.into_inner());
+        let Some(sink) = *sink else {
+            self.stderr.log(record);
+            return;
+        };
+        if record.level() > sink.max_level {
+            return;
+        }
+        let text = redact_url_secrets(&record.args().to_string());
+        let message = CString::new(text.replace('\0', " ")).unwrap_or_default();
+        let target = CString::new(record.target().replace('\0', " ")).unwrap_or_default();
+        IN_CALLBACK.with(|f| f.set(true));
+        // SAFETY: the host registered this function for exactly this call shape; both
+        // strings are NUL-terminated and outlive the call.
+        unsafe { (sink.callback)(sink.userdata as *mut c_void, LogLevel::of(record.level()), target.as_ptr(), message.as_ptr()) };
+        IN_CALLBACK.with(|f| f.set(false));
+    }
+
+    fn flush(&self) {
+        self.stderr.flush();
+    }
+}
+
+/// Makes the library's records reach the router, once per process.
+pub(crate) fn install() {
+    INSTALL.call_once(|| {
+        let stderr = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).build();
+        let stderr_level = stderr.filter();
+        if log::set_boxed_logger(Box::new(Router { stderr })).is_ok() {
+            log::set_max_level(stderr_level);
+        }
+    });
+}
+
+/// Routes records up to `max_level` to `callback` (or, with `None`, back to stderr).
+/// When it returns, the previous callback is not running and is never called again.
+pub(crate) fn set_callback(callback: LogCallback, userdata: *mut c_void, max_level: LogLevel) {
+    install();
+    let mut sink = SINK.write().unwrap_or_else(|p| p.into_inner());
+    *sink = callback.map(|callback| Sink { callback, userdata: userdata as usize, max_level: max_level.filter() });
+    let stderr_level = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).build().filter();
+    log::set_max_level(sink.map_or(stderr_level, |s| s.max_level));
+}
+
+/// Credentials that travel in URLs (pre-signed S3 queries, Azure SAS tokens) replaced
+/// with `***` in a message: a dependency's record may quote a request's URL.
+pub(crate) fn redact_url_secrets(text: &str) -> String {
+    const SECRET_PARAMS: &[&str] =
+        &["sig=", "x-amz-signature=", "x-amz-security-token=", "x-amz-credential=", "access_token=", "token="];
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let boundary = i == 0 || matches!(text.as_bytes()[i - 1], b'?' | b'&' | b' ' | b'"' | b'\'');
+        let at_param = if boundary { SECRET_PARAMS.iter().find(|p| lower[i..].starts_with(**p)) } else { None };
+        match at_param {
+            Some(param) => {
+                out.push_str(&text[i..i + param.len()]);
+                out.push_str("***");
+                i += param.len();
+                while i < text.len() && !matches!(text.as_bytes()[i], b'&' | b' ' | b'"' | b'\'' | b')' | b'>') {
+                    i += 1;
+                }
+            }
+            None => {
+                let c = text[i..].chars().next().expect("i is on a char boundary");
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_credentials_are_redacted() {
+        let url = "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=abc%2Fdef&se=1 failed";
+        assert_eq!(redact_url_secrets(url), "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=***&se=1 failed");
+        let s3 = "url http://h/b/k?X-Amz-Credential=AKID%2F1&X-Amz-Signature=f00d";
+        assert_eq!(redact_url_secrets(s3), "url http://h/b/k?X-Amz-Credential=***&X-Amz-Signature=***");
+        assert_eq!(redact_url_secrets("design=1 modèle"), "design=1 modèle", "only whole parameter names");
+    }
+}
