@@ -79,6 +79,31 @@ pub struct TierConfig {
     /// Keys remembered as present for `skip_known` dedup; the memory is forgotten whole when full.
     #[serde(default = "default_known_keys")]
     pub known_keys_capacity: usize,
+    /// Keeps the tier's namespace bounded: see [`EvictionConfig`]. Off by default.
+    #[serde(default)]
+    pub eviction: Option<EvictionConfig>,
+}
+
+/// A byte budget and/or a maximum age for the objects of the tier's namespace
+/// (`prefix/namespace`), enforced by a background task that lists them every
+/// `interval_ms` and deletes the oldest past the budget and every object past the age.
+/// Each deleted block yields a BlockRemoved event.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvictionConfig {
+    /// Bytes the namespace may hold; the oldest objects go first.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Seconds an object may live (by its last-modified time).
+    #[serde(default)]
+    pub max_age_s: Option<u64>,
+    /// Milliseconds between two rounds.
+    #[serde(default = "default_eviction_interval_ms")]
+    pub interval_ms: u64,
+}
+
+fn default_eviction_interval_ms() -> u64 {
+    60_000
 }
 
 fn default_known_keys() -> usize {
@@ -375,6 +400,19 @@ impl TierConfig {
         }
         if let StoreConfig::S3(s3) = &self.store {
             s3.validate()?;
+        }
+        if let Some(eviction) = &self.eviction {
+            if eviction.max_bytes.is_none() && eviction.max_age_s.is_none() {
+                return Err(Error::config("eviction needs max_bytes, max_age_s or both"));
+            }
+            if eviction.interval_ms == 0 {
+                return Err(Error::config("eviction.interval_ms is 0; it must be at least 1"));
+            }
+            if self.prefix.trim_matches('/').is_empty() && self.namespace.trim_matches('/').is_empty() {
+                return Err(Error::config(
+                    "eviction needs a prefix or namespace: it deletes objects under them, never a whole bucket",
+                ));
+            }
         }
         crate::key::KeyLayout::new(&self.prefix, &self.namespace)?;
         Ok(())

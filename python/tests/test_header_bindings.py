@@ -67,6 +67,8 @@ ENUMS = {
 STRUCTS = {
     "kvt_result": _native.KvtResult,
     "kvt_event": _native.KvtEvent,
+    "kvt_kv_event": _native.KvtKvEvent,
+    "kvt_eviction_report": _native.KvtEvictionReport,
     "kvt_stats": _native.KvtStats,
 }
 

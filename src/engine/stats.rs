@@ -53,6 +53,8 @@ counters! {
     dedup_already_stored: "Store keys the store already held (conditional PUT answered 412).",
     direct_requests: "Loads and existence checks sent on the direct HTTP path (`store.direct_http`).",
     direct_fallbacks: "Of those, the ones repeated through the general HTTP client after an unexpected answer or a transport error.",
+    evicted_blocks: "Blocks deleted by eviction (the namespace's byte budget or maximum age).",
+    evicted_bytes: "Bytes of the blocks deleted by eviction.",
 }
 
 /// A snapshot of the tier's counters. Counters are only ever appended, never renumbered.
@@ -86,6 +88,10 @@ pub struct StatsSnapshot {
     /// Of those, the ones repeated through the general HTTP client after an unexpected
     /// answer or a transport error.
     pub direct_fallbacks: u64,
+    /// Blocks deleted by eviction (the namespace's byte budget or maximum age).
+    pub evicted_blocks: u64,
+    /// Bytes of the blocks deleted by eviction.
+    pub evicted_bytes: u64,
 }
 
 #[cfg(test)]
