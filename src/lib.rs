@@ -24,7 +24,7 @@ pub use engine::{
     MAX_KEYS_PER_JOB, STATS_FIELDS,
 };
 pub use error::{Error, Result, Status};
-pub use integrity::CRC_METADATA;
+pub use integrity::{CRC_METADATA, CRC_METADATA_AZURE};
 pub use pool::HostPool;
 
 /// The library version, from Cargo.toml.
