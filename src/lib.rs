@@ -25,7 +25,7 @@ pub use engine::{
     EVENT_MEDIUM, MAX_KEYS_PER_JOB, STATS_FIELDS,
 };
 pub use error::{Error, Result, Status};
-pub use integrity::CRC_METADATA;
+pub use integrity::{CRC_METADATA, CRC_METADATA_AZURE};
 pub use logs::{LogCallback, LogLevel};
 pub use pool::HostPool;
 

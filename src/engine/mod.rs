@@ -153,7 +153,7 @@ impl Tier {
         let probe = runtime.block_on(store.probe(&probe_name))?;
         let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
         let store = Arc::new(store);
-        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
+        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && !matches!(config.store, StoreConfig::Local(_) | StoreConfig::Memory(_)) {
             let (lane, lane_store) = runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
             (Some(lane), Arc::new(lane_store))
         } else {
