@@ -265,7 +265,7 @@ _RESERVED_BACKEND_PARAMS = frozenset(
         "type",
     }
 )
-_STORE_TYPES = ("s3", "local", "memory")
+_STORE_TYPES = ("s3", "local", "memory", "azure", "gcs")
 _TRUE_WORDS = {"1", "true", "yes", "y", "on", "enable"}
 
 
@@ -908,6 +908,10 @@ def _location(config: Mapping[str, Any], prefix: str, namespace: str) -> str:
         where = f"{endpoint}/{store['bucket']}"
     elif store["type"] == "local":
         where = f"file://{store.get('path', '')}"
+    elif store["type"] == "azure":
+        where = f"azure://{store.get('account', '')}/{store.get('container', '')}"
+    elif store["type"] == "gcs":
+        where = f"gs://{store.get('bucket', '')}"
     else:
         where = "memory:"
     return f"{where}/{objects}" if objects else where
