@@ -51,7 +51,10 @@ pub(crate) fn checksum_attributes(crc: u32) -> object_store::Attributes {
 /// Metadata recording `crc` under `name` ([`CRC_METADATA`] or [`CRC_METADATA_AZURE`]).
 pub(crate) fn checksum_attributes_named(crc: u32, name: &'static str) -> object_store::Attributes {
     let mut attributes = object_store::Attributes::new();
-    attributes.insert(object_store::Attribute::Metadata(name.into()), format_crc(crc).into());
+    attributes.insert(
+        object_store::Attribute::Metadata(name.into()),
+        format_crc(crc).into(),
+    );
     attributes
 }
 
@@ -64,7 +67,13 @@ pub(crate) fn set_file_checksum_fd(file: &std::fs::File, crc: u32) {
     // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, and the value's
     // pointer and length.
     let rc = unsafe {
-        libc::fsetxattr(file.as_raw_fd(), CRC_XATTR.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0)
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            CRC_XATTR.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
     };
     if rc != 0 {
         static WARNED: std::sync::Once = std::sync::Once::new();
@@ -82,12 +91,19 @@ pub(crate) fn file_checksum(file: &std::fs::File) -> Option<u32> {
     // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, and a buffer of
     // `buf.len()` writable bytes.
     let n = unsafe {
-        libc::fgetxattr(file.as_raw_fd(), CRC_XATTR.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            CRC_XATTR.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
     };
     if n <= 0 {
         return None;
     }
-    std::str::from_utf8(&buf[..n as usize]).ok().and_then(parse_crc)
+    std::str::from_utf8(&buf[..n as usize])
+        .ok()
+        .and_then(parse_crc)
 }
 
 #[cfg(test)]
@@ -106,7 +122,11 @@ mod tests {
     #[test]
     fn recorded_checksum_under_either_name() {
         for name in [CRC_METADATA, CRC_METADATA_AZURE] {
-            assert_eq!(recorded_checksum(&checksum_attributes_named(0xbeef, name)), Some(0xbeef), "{name}");
+            assert_eq!(
+                recorded_checksum(&checksum_attributes_named(0xbeef, name)),
+                Some(0xbeef),
+                "{name}"
+            );
         }
         assert_eq!(recorded_checksum(&object_store::Attributes::new()), None);
     }

@@ -79,7 +79,9 @@ impl KeyLayout {
                 segments.push(segment);
             }
         }
-        Ok(KeyLayout { base: segments.join("/") })
+        Ok(KeyLayout {
+            base: segments.join("/"),
+        })
     }
 
     /// The joined prefix and namespace, without trailing slash.
@@ -112,7 +114,11 @@ impl KeyLayout {
     /// The key whose object name is `name`, if `name` is a block of this layout (the
     /// inverse of [`object_name`](Self::object_name)).
     pub fn key_of(&self, name: &str) -> Option<Vec<u8>> {
-        let rest = if self.base.is_empty() { name } else { name.strip_prefix(&self.base)?.strip_prefix('/')? };
+        let rest = if self.base.is_empty() {
+            name
+        } else {
+            name.strip_prefix(&self.base)?.strip_prefix('/')?
+        };
         let mut parts = rest.split('/');
         let (first, second, file) = (parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() {
@@ -120,11 +126,17 @@ impl KeyLayout {
         }
         let hex = file.strip_suffix(".bin")?;
         let (shard, group) = second.rsplit_once("_g")?;
-        if hex.len() % 2 != 0 || first != &hex[..hex.len().min(3)] || shard != &hex[hex.len().min(3)..hex.len().min(5)] {
+        if hex.len() % 2 != 0
+            || first != &hex[..hex.len().min(3)]
+            || shard != &hex[hex.len().min(3)..hex.len().min(5)]
+        {
             return None;
         }
         let group: u32 = group.parse().ok()?;
-        let hash = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect::<Option<Vec<u8>>>()?;
+        let hash = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
         let key = make_key(&hash, group);
         (self.object_name(&key).ok()? == name).then_some(key)
     }
@@ -141,12 +153,16 @@ impl KeyLayout {
 
 /// Characters the object store client would percent-encode (so the server-side name
 /// would differ from vLLM's) or that cannot be part of a path segment.
-const FORBIDDEN_IN_SEGMENT: &[char] = &['\\', '{', '}', '^', '%', '`', '[', ']', '"', '<', '>', '~', '#', '|'];
+const FORBIDDEN_IN_SEGMENT: &[char] = &[
+    '\\', '{', '}', '^', '%', '`', '[', ']', '"', '<', '>', '~', '#', '|',
+];
 
 fn validate_segment(what: &str, segment: &str) -> Result<()> {
     let ok = segment != "."
         && segment != ".."
-        && !segment.chars().any(|c| c.is_control() || FORBIDDEN_IN_SEGMENT.contains(&c));
+        && !segment
+            .chars()
+            .any(|c| c.is_control() || FORBIDDEN_IN_SEGMENT.contains(&c));
     if ok {
         Ok(())
     } else {
@@ -161,7 +177,9 @@ mod tests {
     use super::*;
 
     fn hash32() -> Vec<u8> {
-        (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(0x0a)).collect()
+        (0u8..32)
+            .map(|i| i.wrapping_mul(37).wrapping_add(0x0a))
+            .collect()
     }
 
     #[test]
@@ -195,7 +213,10 @@ mod tests {
     fn vectors() {
         let layout = KeyLayout::new("", "m_0123456789ab_r0").unwrap();
         let key = make_key(&[0xde, 0xad, 0xbe, 0xef], 7);
-        assert_eq!(layout.object_name(&key).unwrap(), "m_0123456789ab_r0/dea/db_g7/deadbeef.bin");
+        assert_eq!(
+            layout.object_name(&key).unwrap(),
+            "m_0123456789ab_r0/dea/db_g7/deadbeef.bin"
+        );
 
         let layout = KeyLayout::new("/a//b/", "/ns/").unwrap();
         let key = make_key(&[0xff; 8], 4_000_000_000);
@@ -208,18 +229,39 @@ mod tests {
         let key = make_key(&[0x00, 0x01, 0x02], 0);
         assert_eq!(layout.object_name(&key).unwrap(), "000/10_g0/000102.bin");
         // Short hashes, named as vLLM's FileMapper names them (f"{h[:3]}/{h[3:5]}_g{g}/{h}.bin").
-        assert_eq!(layout.object_name(&make_key(&[0x31], 0)).unwrap(), "31/_g0/31.bin");
-        assert_eq!(layout.object_name(&make_key(&[0xab, 0xcd], 2)).unwrap(), "abc/d_g2/abcd.bin");
+        assert_eq!(
+            layout.object_name(&make_key(&[0x31], 0)).unwrap(),
+            "31/_g0/31.bin"
+        );
+        assert_eq!(
+            layout.object_name(&make_key(&[0xab, 0xcd], 2)).unwrap(),
+            "abc/d_g2/abcd.bin"
+        );
         assert_eq!(layout.probe_name(), "__kvtier_probe__/connectivity_test");
     }
 
     #[test]
     fn rejects_bad_keys_and_segments() {
-        assert_eq!(split_key(&[1, 2, 3, 4]).unwrap_err().status, crate::error::Status::InvalidArgument);
+        assert_eq!(
+            split_key(&[1, 2, 3, 4]).unwrap_err().status,
+            crate::error::Status::InvalidArgument
+        );
         assert!(split_key(&[0u8; 69]).is_err());
         assert!(split_key(&[0u8; 68]).is_ok());
-        for len in [0, 4, 69, 1 << 40, (1 << 63) - 1, usize::MAX - 15, usize::MAX] {
-            assert_eq!(check_key_len(len).unwrap_err().status, crate::error::Status::InvalidArgument, "{len}");
+        for len in [
+            0,
+            4,
+            69,
+            1 << 40,
+            (1 << 63) - 1,
+            usize::MAX - 15,
+            usize::MAX,
+        ] {
+            assert_eq!(
+                check_key_len(len).unwrap_err().status,
+                crate::error::Status::InvalidArgument,
+                "{len}"
+            );
         }
         for len in [5, 6, 7, 36, 68] {
             check_key_len(len).unwrap();

@@ -31,13 +31,23 @@ fn stored_bytes(dir: &Path) -> u64 {
 fn store_all(tier: &Tier, first: u64, n: u64) {
     for i in 0..n {
         let id = first + i;
-        tier.submit(JobKind::Store, id, &[id % 64], KeyBatch::from_keys(&[key(id)]).unwrap()).unwrap();
+        tier.submit(
+            JobKind::Store,
+            id,
+            &[id % 64],
+            KeyBatch::from_keys(&[key(id)]).unwrap(),
+        )
+        .unwrap();
         // One at a time, polled: each block's file is older than the next one's.
         let mut results = Vec::new();
         while results.is_empty() {
             results = tier.poll(1);
             if results.is_empty() {
-                let mut fds = libc::pollfd { fd: tier.ready_fd(), events: libc::POLLIN, revents: 0 };
+                let mut fds = libc::pollfd {
+                    fd: tier.ready_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 unsafe { libc::poll(&mut fds, 1, 10_000) };
             }
         }
@@ -66,8 +76,15 @@ fn a_budget_is_kept_through_rounds_with_one_removed_event_per_deleted_key() {
         stored += 7;
         let report = tier.evict_now().unwrap();
         let on_disk = stored_bytes(dir.path());
-        assert!(on_disk <= budget, "round {round}: {on_disk} bytes on disk, budget {budget}");
-        assert_eq!(report.bytes - report.deleted_bytes, on_disk, "round {round}: {report:?}");
+        assert!(
+            on_disk <= budget,
+            "round {round}: {on_disk} bytes on disk, budget {budget}"
+        );
+        assert_eq!(
+            report.bytes - report.deleted_bytes,
+            on_disk,
+            "round {round}: {report:?}"
+        );
         for event in tier.take_events(usize::MAX) {
             if event.removed {
                 assert_eq!(event.job_id, 0);
@@ -79,20 +96,39 @@ fn a_budget_is_kept_through_rounds_with_one_removed_event_per_deleted_key() {
     // block (written after every other) never. (Which of blocks written within one clock
     // tick goes first is the name's call: modification times tie there.)
     let distinct: HashSet<_> = removed.iter().cloned().collect();
-    assert_eq!(distinct.len(), removed.len(), "a key was reported removed twice");
+    assert_eq!(
+        distinct.len(),
+        removed.len(),
+        "a key was reported removed twice"
+    );
     assert_eq!(removed.len() as u64, stored - budget / BLOCK as u64);
     for k in &removed {
-        assert!(!dir.path().join(tier.layout().object_name(k).unwrap()).exists(), "a removed key's file is still there");
+        assert!(
+            !dir.path()
+                .join(tier.layout().object_name(k).unwrap())
+                .exists(),
+            "a removed key's file is still there"
+        );
     }
     assert_eq!(tier.stats().evicted_blocks, removed.len() as u64);
     // A deleted key loads as NotFound, and a store of it uploads it again (dedup forgot it).
     let gone = removed[0].clone();
-    tier.submit(JobKind::Load, 9_000, &[63], KeyBatch::from_keys(&[gone.clone()]).unwrap()).unwrap();
+    tier.submit(
+        JobKind::Load,
+        9_000,
+        &[63],
+        KeyBatch::from_keys(std::slice::from_ref(&gone)).unwrap(),
+    )
+    .unwrap();
     let mut results = Vec::new();
     while results.is_empty() {
         results = tier.poll(1);
         if results.is_empty() {
-            let mut fds = libc::pollfd { fd: tier.ready_fd(), events: libc::POLLIN, revents: 0 };
+            let mut fds = libc::pollfd {
+                fd: tier.ready_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
             unsafe { libc::poll(&mut fds, 1, 10_000) };
         }
     }
@@ -106,16 +142,29 @@ fn a_budget_is_kept_through_rounds_with_one_removed_event_per_deleted_key() {
 fn eviction_needs_a_bound_and_a_namespace() {
     let dir = tempfile::tempdir().unwrap();
     for (extra, words) in [
-        (serde_json::json!({"namespace": "n", "eviction": {}}), "max_bytes"),
-        (serde_json::json!({"eviction": {"max_bytes": 1}}), "prefix or namespace"),
-        (serde_json::json!({"namespace": "n", "eviction": {"max_bytes": 1, "interval_ms": 0}}), "interval_ms"),
+        (
+            serde_json::json!({"namespace": "n", "eviction": {}}),
+            "max_bytes",
+        ),
+        (
+            serde_json::json!({"eviction": {"max_bytes": 1}}),
+            "prefix or namespace",
+        ),
+        (
+            serde_json::json!({"namespace": "n", "eviction": {"max_bytes": 1, "interval_ms": 0}}),
+            "interval_ms",
+        ),
     ] {
         let mut config = serde_json::json!({"store": {"type": "local", "path": dir.path()}});
-        config.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         let e = Tier::from_json(&config.to_string()).err().expect("refused");
         assert_eq!(e.status, Status::Config);
         assert!(e.message.contains(words), "{}", e.message);
     }
-    let tier = Tier::from_json(&serde_json::json!({"store": {"type": "memory"}}).to_string()).unwrap();
+    let tier =
+        Tier::from_json(&serde_json::json!({"store": {"type": "memory"}}).to_string()).unwrap();
     assert_eq!(tier.evict_now().unwrap_err().status, Status::State);
 }

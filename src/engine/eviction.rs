@@ -70,14 +70,27 @@ pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<Ev
     let mut listing = store.client().list(Some(&base));
     let mut blocks = Vec::new();
     while let Some(meta) = listing.next().await {
-        let meta = meta.map_err(|e| Error::new(crate::store::classify(&e), format!("eviction: list {base}: {e}")))?;
+        let meta = meta.map_err(|e| {
+            Error::new(
+                crate::store::classify(&e),
+                format!("eviction: list {base}: {e}"),
+            )
+        })?;
         // Only blocks of this layout: never probe objects or anything else under the base.
         if shared.layout.key_of(meta.location.as_ref()).is_some() {
-            blocks.push(Listed { name: meta.location, size: meta.size, modified: meta.last_modified.into() });
+            blocks.push(Listed {
+                name: meta.location,
+                size: meta.size,
+                modified: meta.last_modified.into(),
+            });
         }
     }
     // Oldest first; the name breaks ties, so a round's choice does not depend on listing order.
-    blocks.sort_by(|a, b| a.modified.cmp(&b.modified).then_with(|| a.name.cmp(&b.name)));
+    blocks.sort_by(|a, b| {
+        a.modified
+            .cmp(&b.modified)
+            .then_with(|| a.name.cmp(&b.name))
+    });
     let mut report = EvictionReport {
         objects: blocks.len() as u64,
         bytes: blocks.iter().map(|b| b.size).sum(),
@@ -85,7 +98,9 @@ pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<Ev
     };
     let now = SystemTime::now();
     let too_old = |b: &Listed| {
-        config.max_age_s.is_some_and(|age| now.duration_since(b.modified).unwrap_or_default() > Duration::from_secs(age))
+        config.max_age_s.is_some_and(|age| {
+            now.duration_since(b.modified).unwrap_or_default() > Duration::from_secs(age)
+        })
     };
     let mut remaining = report.bytes;
     let mut doomed = Vec::new();
@@ -115,8 +130,14 @@ pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<Ev
             removed.push(key);
         }
     }
-    shared.stats.evicted_blocks.fetch_add(report.deleted, Ordering::Relaxed);
-    shared.stats.evicted_bytes.fetch_add(report.deleted_bytes, Ordering::Relaxed);
+    shared
+        .stats
+        .evicted_blocks
+        .fetch_add(report.deleted, Ordering::Relaxed);
+    shared
+        .stats
+        .evicted_bytes
+        .fetch_add(report.deleted_bytes, Ordering::Relaxed);
     emit_removed(shared, &removed);
     Ok(report)
 }
@@ -133,7 +154,12 @@ pub(crate) fn emit_removed(shared: &Shared, keys: &[Vec<u8>]) {
     }
     for (_, group) in by_length {
         if let Ok(batch) = KeyBatch::from_keys(&group) {
-            shared.events.push(KvEvent { job_id: 0, keys: batch, locality: shared.config.locality, removed: true });
+            shared.events.push(KvEvent {
+                job_id: 0,
+                keys: batch,
+                locality: shared.config.locality,
+                removed: true,
+            });
         }
     }
 }

@@ -77,26 +77,61 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
     let detail = error_chain(error);
     let describe = store.describe();
     let (ca_bundle, credentials) = match &store.backend {
-        Backend::S3 { ca_bundle, credentials } => (ca_bundle.as_str(), format!(" (credentials from {credentials})")),
-        Backend::Azure { ca_bundle, credentials } => (ca_bundle.as_str(), format!(" (credentials from {credentials})")),
-        Backend::Gcs { ca_bundle, credentials, .. } => (ca_bundle.as_str(), format!(" (credentials from {credentials})")),
+        Backend::S3 {
+            ca_bundle,
+            credentials,
+        } => (
+            ca_bundle.as_str(),
+            format!(" (credentials from {credentials})"),
+        ),
+        Backend::Azure {
+            ca_bundle,
+            credentials,
+        } => (
+            ca_bundle.as_str(),
+            format!(" (credentials from {credentials})"),
+        ),
+        Backend::Gcs {
+            ca_bundle,
+            credentials,
+            ..
+        } => (
+            ca_bundle.as_str(),
+            format!(" (credentials from {credentials})"),
+        ),
         _ => ("", String::new()),
     };
     let azure = matches!(store.backend, Backend::Azure { .. });
     let advice = match (status, &store.backend) {
-        (Status::Tls, Backend::Azure { .. } | Backend::Gcs { .. }) => {
-            tls_advice(tls_problem(error), ca_bundle, "store.endpoint", "an http:// URL in store.endpoint")
+        (Status::Tls, Backend::Azure { .. } | Backend::Gcs { .. }) => tls_advice(
+            tls_problem(error),
+            ca_bundle,
+            "store.endpoint",
+            "an http:// URL in store.endpoint",
+        ),
+        (_, Backend::Azure { .. } | Backend::Gcs { .. }) => {
+            cloud_advice(status, azure, &detail, &credentials)
         }
-        (_, Backend::Azure { .. } | Backend::Gcs { .. }) => cloud_advice(status, azure, &detail, &credentials),
         _ => s3_advice(status, error, ca_bundle, &detail, &credentials),
     };
-    let status = if status == Status::Timeout || status == Status::Io { Status::Connect } else { status };
-    Error::new(status, super::credentials::scrub(&format!("connectivity probe of {describe} failed: {advice} ({detail})")))
+    let status = if status == Status::Timeout || status == Status::Io {
+        Status::Connect
+    } else {
+        status
+    };
+    Error::new(
+        status,
+        super::credentials::scrub(&format!(
+            "connectivity probe of {describe} failed: {advice} ({detail})"
+        )),
+    )
 }
 
 /// What to do about a failed probe of an Azure Blob or GCS store.
 fn cloud_advice(status: Status, azure: bool, detail: &str, credentials: &str) -> String {
-    let code = s3_error_code(detail).map(|c| format!(" ({c})")).unwrap_or_default();
+    let code = s3_error_code(detail)
+        .map(|c| format!(" ({c})"))
+        .unwrap_or_default();
     match (status, azure) {
         (Status::Connect, _) => "the endpoint is unreachable: check store.endpoint and that the server is running".to_string(),
         (Status::BucketNotFound, true) => "the container does not exist: create it or fix store.container".to_string(),
@@ -122,7 +157,13 @@ fn cloud_advice(status: Status, azure: bool, detail: &str, credentials: &str) ->
 }
 
 /// What to do about a failed probe of an S3 store.
-fn s3_advice(status: Status, error: &object_store::Error, ca_bundle: &str, detail: &str, credentials: &str) -> String {
+fn s3_advice(
+    status: Status,
+    error: &object_store::Error,
+    ca_bundle: &str,
+    detail: &str,
+    credentials: &str,
+) -> String {
     match status {
         Status::Connect => "the endpoint is unreachable: check endpoint_override, scheme and that the server is running"
             .to_string(),
@@ -184,9 +225,13 @@ fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str, endpoint: &str, plai
 pub(super) async fn honours_conditional_put(store: &Store, probe_name: &str) -> bool {
     let path = object_path(&format!("{probe_name}-conditional-put"));
     let client = &store.client;
-    let create = || PutOptions { mode: PutMode::Create, ..Default::default() };
+    let create = || PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
     let put = || client.put_opts(&path, PutPayload::from_static(b"kvtier"), create());
-    let already = |r: &object_store::Result<_>| matches!(r, Err(object_store::Error::AlreadyExists { .. }));
+    let already =
+        |r: &object_store::Result<_>| matches!(r, Err(object_store::Error::AlreadyExists { .. }));
     // A refused create proves the condition is honoured (the object is a leftover, or
     // another tier's probe in progress). A store that ignores it answers OK twice; as
     // another starting tier may delete the object between the two creates, that is asked
