@@ -2833,6 +2833,14 @@ static int forked_child(const fixture *f, const uint8_t *keys)
     CHILD_EXPECT(kvt_tier_event_fd(f->tier), -1);
     CHILD_EXPECT(kvt_tier_jobs_in_flight(f->tier), 0);
     kvt_tier_free(f->tier); /* returns without joining the parent's threads */
+#if defined(__SANITIZE_ADDRESS__)
+    /* Not under ASan: GCC 12's libasan does not hold its thread registry across fork(), so
+     * a child forked while a parent thread starts or exits (the parent's tier is busy
+     * here by design) can inherit that lock held, and the first thread the child starts
+     * then waits forever. The plain, C++ and valgrind runs cover a child's own tier. */
+    (void)mine;
+    (void)pool;
+#else
     /* The child can run a tier of its own. */
     CHILD_EXPECT(kvt_tier_new("{\"store\":{\"type\":\"memory\"}}", &mine), KVT_STATUS_OK);
     if (mine != NULL) {
@@ -2852,6 +2860,7 @@ static int forked_child(const fixture *f, const uint8_t *keys)
         }
         kvt_tier_free(mine);
     }
+#endif
 #undef CHILD_EXPECT
     return bad;
 }
