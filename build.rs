@@ -11,7 +11,8 @@ fn main() {
     // default feature that cannot be turned off from here), whose crc_fast_* functions
     // would otherwise be exported too. Symbols from dependency archives become local.
     println!("cargo:rustc-cdylib-link-arg=-Wl,--exclude-libs,ALL");
-    let include = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join("include");
+    let include = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
+        .join("include");
     println!("cargo:include={}", include.display());
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -11,7 +11,8 @@ pub fn generate_header(crate_dir: &Path, version: &str) -> String {
     let mut parts = version.split('.');
     let mut part = || parts.next().unwrap_or("0").to_string();
     let (major, minor, patch) = (part(), part(), part());
-    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    let mut config =
+        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     config.after_includes = Some(format!(
         "\n#define KVTIER_VERSION_MAJOR {major}\n#define KVTIER_VERSION_MINOR {minor}\n#define KVTIER_VERSION_PATCH {patch}\n#define KVTIER_VERSION \"{version}\"\n"
     ));

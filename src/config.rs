@@ -364,7 +364,9 @@ impl TierConfig {
             ("max_inflight_lookups", self.max_inflight_lookups, 4096),
         ] {
             if value == 0 || value > max {
-                return Err(Error::config(format!("{name} is {value}; it must be 1..={max}")));
+                return Err(Error::config(format!(
+                    "{name} is {value}; it must be 1..={max}"
+                )));
             }
         }
         if !(0..=19).contains(&self.transfer_thread_nice) {
@@ -403,29 +405,54 @@ impl S3Config {
                 "store.session_token needs store.access_key and store.secret_key (the temporary credentials it belongs to)",
             ));
         }
-        for (name, value) in [("connect_timeout_ms", self.connect_timeout_ms), ("request_timeout_ms", self.request_timeout_ms)] {
+        for (name, value) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+        ] {
             if value == 0 {
-                return Err(Error::config(format!("store.{name} is 0; it must be at least 1 (milliseconds)")));
+                return Err(Error::config(format!(
+                    "store.{name} is 0; it must be at least 1 (milliseconds)"
+                )));
             }
         }
         if self.max_retries > 100 {
-            return Err(Error::config(format!("store.max_retries is {}; it must be 0..=100", self.max_retries)));
+            return Err(Error::config(format!(
+                "store.max_retries is {}; it must be 0..=100",
+                self.max_retries
+            )));
         }
         if !self.endpoint_override.is_empty() {
-            check_endpoint(&self.endpoint_override)
-                .map_err(|why| Error::config(format!("store.endpoint_override {:?} is not a usable endpoint: {why}", self.endpoint_override)))?;
+            check_endpoint(&self.endpoint_override).map_err(|why| {
+                Error::config(format!(
+                    "store.endpoint_override {:?} is not a usable endpoint: {why}",
+                    self.endpoint_override
+                ))
+            })?;
         }
         if self.use_virtual_addressing {
-            let host = self.endpoint_override.split("://").last().unwrap_or_default();
+            let host = self
+                .endpoint_override
+                .split("://")
+                .last()
+                .unwrap_or_default();
             let host = host.split('/').next().unwrap_or_default();
-            let bare = host.rsplit_once(':').map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host });
+            let bare = host.rsplit_once(':').map_or(host, |(h, port)| {
+                if port.bytes().all(|b| b.is_ascii_digit()) {
+                    h
+                } else {
+                    host
+                }
+            });
             if bare.parse::<std::net::IpAddr>().is_ok() || bare.starts_with('[') {
                 return Err(Error::config(format!(
                     "store.use_virtual_addressing needs a DNS name in endpoint_override (the bucket becomes part of the host name), not the IP address {bare}; use path-style addressing (false)"
                 )));
             }
         }
-        if !self.ca_bundle.is_empty() && self.scheme.as_deref() == Some("http") && !self.endpoint_override.contains("://") {
+        if !self.ca_bundle.is_empty()
+            && self.scheme.as_deref() == Some("http")
+            && !self.endpoint_override.contains("://")
+        {
             log::warn!("store.ca_bundle is set but store.scheme is http: the CA bundle is unused");
         }
         Ok(())
@@ -439,7 +466,9 @@ fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
     let rest = match endpoint.split_once("://") {
         Some((scheme, rest)) => {
             if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
-                return Err(format!("the scheme is {scheme:?}; it must be http or https"));
+                return Err(format!(
+                    "the scheme is {scheme:?}; it must be http or https"
+                ));
             }
             rest
         }
@@ -454,7 +483,9 @@ fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
         return Err(format!("{c:?} cannot appear in its path"));
     }
     if authority.contains('@') {
-        return Err("it carries user information; give credentials as access_key and secret_key".into());
+        return Err(
+            "it carries user information; give credentials as access_key and secret_key".into(),
+        );
     }
     let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
         let Some((address, after)) = bracketed.split_once(']') else {
@@ -467,7 +498,11 @@ fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
             "" => (address, None),
             _ => match after.strip_prefix(':') {
                 Some(port) => (address, Some(port)),
-                None => return Err(format!("{after:?} follows the IPv6 address; only :port may")),
+                None => {
+                    return Err(format!(
+                        "{after:?} follows the IPv6 address; only :port may"
+                    ))
+                }
             },
         }
     } else {
@@ -478,7 +513,10 @@ fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
         if host.is_empty() {
             return Err("the host is empty".into());
         }
-        if let Some(c) = host.chars().find(|&c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')) {
+        if let Some(c) = host
+            .chars()
+            .find(|&c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_'))
+        {
             return Err(format!("{c:?} cannot appear in a host name"));
         }
         (host, port)
@@ -501,21 +539,46 @@ mod tests {
     #[test]
     fn malformed_endpoints_are_config_errors_naming_the_key() {
         for bad in [
-            "http://[::1", "http://127.0.0.1:99999", "ht!tp://x", "ftp://host", "host:port", "http://a b:9000",
-            "http://:9000", "http://[nope]:9000", "http://[::1]x", "http://h:0", "http://u:p@h:9000", "http://h/a b",
+            "http://[::1",
+            "http://127.0.0.1:99999",
+            "ht!tp://x",
+            "ftp://host",
+            "host:port",
+            "http://a b:9000",
+            "http://:9000",
+            "http://[nope]:9000",
+            "http://[::1]x",
+            "http://h:0",
+            "http://u:p@h:9000",
+            "http://h/a b",
             "http://h:+80",
         ] {
-            let json = format!(r#"{{"store":{{"type":"s3","bucket":"b","endpoint_override":{bad:?}}}}}"#);
-            let e = TierConfig::from_json(&json).and_then(|c| c.validate()).unwrap_err();
+            let json =
+                format!(r#"{{"store":{{"type":"s3","bucket":"b","endpoint_override":{bad:?}}}}}"#);
+            let e = TierConfig::from_json(&json)
+                .and_then(|c| c.validate())
+                .unwrap_err();
             assert_eq!(e.status, Status::Config, "{bad}: {}", e.message);
-            assert!(e.message.contains("endpoint_override"), "{bad}: {}", e.message);
+            assert!(
+                e.message.contains("endpoint_override"),
+                "{bad}: {}",
+                e.message
+            );
         }
         for good in [
-            "minio.internal:9000", "http://127.0.0.1:9000", "https://s3.example.com/", "http://[::1]:9000", "[::1]",
-            "HTTPS://S3.example.com:443/base", "s3_gw.local",
+            "minio.internal:9000",
+            "http://127.0.0.1:9000",
+            "https://s3.example.com/",
+            "http://[::1]:9000",
+            "[::1]",
+            "HTTPS://S3.example.com:443/base",
+            "s3_gw.local",
         ] {
-            let json = format!(r#"{{"store":{{"type":"s3","bucket":"b","endpoint_override":{good:?}}}}}"#);
-            TierConfig::from_json(&json).and_then(|c| c.validate()).unwrap_or_else(|e| panic!("{good}: {e}"));
+            let json =
+                format!(r#"{{"store":{{"type":"s3","bucket":"b","endpoint_override":{good:?}}}}}"#);
+            TierConfig::from_json(&json)
+                .and_then(|c| c.validate())
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
         }
     }
 
@@ -533,20 +596,31 @@ mod tests {
         let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"prefx":"a"}"#).unwrap_err();
         assert_eq!(e.status, Status::Config);
         assert!(e.message.contains("prefx"), "{}", e.message);
-        let e = TierConfig::from_json(r#"{"store":{"type":"local","path":"/x","colour":1}}"#).unwrap_err();
+        let e = TierConfig::from_json(r#"{"store":{"type":"local","path":"/x","colour":1}}"#)
+            .unwrap_err();
         assert!(e.message.contains("colour"), "{}", e.message);
     }
 
     #[test]
     fn malformed_json_and_bad_values() {
-        assert_eq!(TierConfig::from_json("{").unwrap_err().status, Status::Config);
-        assert_eq!(TierConfig::from_json("").unwrap_err().status, Status::Config);
+        assert_eq!(
+            TierConfig::from_json("{").unwrap_err().status,
+            Status::Config
+        );
+        assert_eq!(
+            TierConfig::from_json("").unwrap_err().status,
+            Status::Config
+        );
         let e = TierConfig::from_json(r#"{"store":{"type":"ftp"}}"#).unwrap_err();
         assert!(e.message.contains("ftp"), "{}", e.message);
-        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"locality":"local"}"#).unwrap_err();
+        let e =
+            TierConfig::from_json(r#"{"store":{"type":"memory"},"locality":"local"}"#).unwrap_err();
         assert!(e.message.contains("local"), "{}", e.message);
-        assert!(TierConfig::from_json(r#"{"store":{"type":"memory"},"locality":"REMOTE"}"#).is_ok());
-        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"runtime_threads":0}"#).unwrap_err();
+        assert!(
+            TierConfig::from_json(r#"{"store":{"type":"memory"},"locality":"REMOTE"}"#).is_ok()
+        );
+        let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"runtime_threads":0}"#)
+            .unwrap_err();
         assert!(e.message.contains("runtime_threads"));
         let e = TierConfig::from_json(r#"{"store":{"type":"memory"},"key_bytes":3}"#).unwrap_err();
         assert!(e.message.contains("key_bytes"));
@@ -571,7 +645,10 @@ mod tests {
         )
         .unwrap();
         let debug = format!("{ok:?}");
-        assert!(!debug.contains("hunter2") && !debug.contains("tok-secret"), "{debug}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("tok-secret"),
+            "{debug}"
+        );
     }
 
     #[test]
@@ -587,11 +664,13 @@ mod tests {
             }
             _ => panic!("expected s3"),
         }
-        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","scheme":"ftp"}}"#).unwrap_err();
+        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","scheme":"ftp"}}"#)
+            .unwrap_err();
         assert!(e.message.contains("scheme"));
         let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":""}}"#).unwrap_err();
         assert!(e.message.contains("bucket"));
-        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","access_key":"x"}}"#).unwrap_err();
+        let e = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"b","access_key":"x"}}"#)
+            .unwrap_err();
         assert!(e.message.contains("together"));
     }
 
@@ -605,21 +684,36 @@ mod tests {
                 "num_threads":"4"}}"#,
         )
         .unwrap();
-        let StoreConfig::S3(s3) = c.store else { panic!("expected s3") };
+        let StoreConfig::S3(s3) = c.store else {
+            panic!("expected s3")
+        };
         assert_eq!(s3.scheme.as_deref(), Some("http"));
         assert!(!s3.use_virtual_addressing);
         assert_eq!(s3.resp_checksum, Some(ChecksumPolicy::Supported));
         // Defaults of kvtier's own keys.
         let c = TierConfig::from_json(r#"{"store":{"type":"s3","bucket":"kv"}}"#).unwrap();
-        let StoreConfig::S3(s3) = c.store else { panic!("expected s3") };
-        assert_eq!((s3.connect_timeout_ms, s3.request_timeout_ms, s3.max_retries), (5_000, 30_000, 5));
+        let StoreConfig::S3(s3) = c.store else {
+            panic!("expected s3")
+        };
+        assert_eq!(
+            (s3.connect_timeout_ms, s3.request_timeout_ms, s3.max_retries),
+            (5_000, 30_000, 5)
+        );
         assert!(!s3.payload_signing && s3.allow_http && !s3.use_virtual_addressing);
-        assert_eq!(s3.scheme, None, "no scheme: https unless endpoint_override carries one");
+        assert_eq!(
+            s3.scheme, None,
+            "no scheme: https unless endpoint_override carries one"
+        );
     }
 
     #[test]
     fn s3_value_checks() {
-        let bad = |store: &str| TierConfig::from_json(&format!(r#"{{"store":{{"type":"s3","bucket":"b",{store}}}}}"#)).unwrap_err();
+        let bad = |store: &str| {
+            TierConfig::from_json(&format!(
+                r#"{{"store":{{"type":"s3","bucket":"b",{store}}}}}"#
+            ))
+            .unwrap_err()
+        };
         let e = bad(r#""request_timeout_ms":0"#);
         assert!(e.message.contains("request_timeout_ms"), "{}", e.message);
         let e = bad(r#""connect_timeout_ms":0"#);
@@ -627,7 +721,11 @@ mod tests {
         let e = bad(r#""max_retries":1000"#);
         assert!(e.message.contains("max_retries"), "{}", e.message);
         let e = bad(r#""session_token":"tok-secret-123""#);
-        assert!(e.message.contains("session_token") && !e.message.contains("tok-secret-123"), "{}", e.message);
+        assert!(
+            e.message.contains("session_token") && !e.message.contains("tok-secret-123"),
+            "{}",
+            e.message
+        );
         let e = bad(r#""use_virtual_addressing":true,"endpoint_override":"127.0.0.1:9000""#);
         assert!(e.message.contains("DNS name"), "{}", e.message);
         let e = bad(r#""use_virtual_addressing":"yes","endpoint_override":"http://10.0.0.1""#);

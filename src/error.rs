@@ -62,8 +62,26 @@ impl Status {
     pub const ALL: [Status; 21] = {
         use Status::*;
         [
-            Ok, NullArgument, InvalidArgument, Config, Connect, Io, NotFound, State, Panic, DuplicateJob, ShutDown,
-            Cancelled, Timeout, LengthMismatch, Corrupt, Auth, PermissionDenied, BucketNotFound, Tls, Forked,
+            Ok,
+            NullArgument,
+            InvalidArgument,
+            Config,
+            Connect,
+            Io,
+            NotFound,
+            State,
+            Panic,
+            DuplicateJob,
+            ShutDown,
+            Cancelled,
+            Timeout,
+            LengthMismatch,
+            Corrupt,
+            Auth,
+            PermissionDenied,
+            BucketNotFound,
+            Tls,
+            Forked,
             BlockBusy,
         ]
     };
@@ -132,7 +150,10 @@ pub struct Error {
 
 impl Error {
     pub fn new(status: Status, message: impl Into<String>) -> Self {
-        Error { status, message: message.into() }
+        Error {
+            status,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(Status::InvalidArgument, message)
@@ -150,7 +171,10 @@ impl Error {
     /// shut down and abandoned it) or panicked.
     pub fn join(what: &str, e: &tokio::task::JoinError) -> Self {
         if e.is_cancelled() {
-            Self::new(Status::Cancelled, format!("{what}: the tier shut down before the operation finished"))
+            Self::new(
+                Status::Cancelled,
+                format!("{what}: the tier shut down before the operation finished"),
+            )
         } else {
             Self::new(Status::Io, format!("{what}: {e}"))
         }
@@ -166,7 +190,6 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
-
 
 /// The message a panic carried, for the error that reports it.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -185,7 +208,10 @@ mod tests {
 
     #[test]
     fn an_abandoned_task_is_cancelled_not_an_io_error() {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let e = runtime.block_on(async {
             let task = tokio::spawn(std::future::pending::<()>());
             task.abort();
@@ -195,7 +221,9 @@ mod tests {
         assert_eq!(error.status, Status::Cancelled, "{error}");
         assert!(error.message.starts_with("load a/b.bin: "), "{error}");
         let wrapped = object_store::Error::JoinError { source: e };
-        let object_store::Error::JoinError { source } = &wrapped else { unreachable!() };
+        let object_store::Error::JoinError { source } = &wrapped else {
+            unreachable!()
+        };
         assert_eq!(Error::join("store x", source).status, Status::Cancelled);
     }
 }

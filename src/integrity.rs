@@ -42,7 +42,10 @@ pub(crate) fn recorded_checksum(attributes: &object_store::Attributes) -> Option
 /// Metadata recording `crc`, for a PUT.
 pub(crate) fn checksum_attributes(crc: u32) -> object_store::Attributes {
     let mut attributes = object_store::Attributes::new();
-    attributes.insert(object_store::Attribute::Metadata(CRC_METADATA.into()), format_crc(crc).into());
+    attributes.insert(
+        object_store::Attribute::Metadata(CRC_METADATA.into()),
+        format_crc(crc).into(),
+    );
     attributes
 }
 
@@ -55,7 +58,13 @@ pub(crate) fn set_file_checksum_fd(file: &std::fs::File, crc: u32) {
     // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, and the value's
     // pointer and length.
     let rc = unsafe {
-        libc::fsetxattr(file.as_raw_fd(), CRC_XATTR.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0)
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            CRC_XATTR.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
     };
     if rc != 0 {
         static WARNED: std::sync::Once = std::sync::Once::new();
@@ -73,12 +82,19 @@ pub(crate) fn file_checksum(file: &std::fs::File) -> Option<u32> {
     // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, and a buffer of
     // `buf.len()` writable bytes.
     let n = unsafe {
-        libc::fgetxattr(file.as_raw_fd(), CRC_XATTR.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            CRC_XATTR.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
     };
     if n <= 0 {
         return None;
     }
-    std::str::from_utf8(&buf[..n as usize]).ok().and_then(parse_crc)
+    std::str::from_utf8(&buf[..n as usize])
+        .ok()
+        .and_then(parse_crc)
 }
 
 #[cfg(test)]

@@ -79,7 +79,9 @@ impl KeyLayout {
                 segments.push(segment);
             }
         }
-        Ok(KeyLayout { base: segments.join("/") })
+        Ok(KeyLayout {
+            base: segments.join("/"),
+        })
     }
 
     /// The joined prefix and namespace, without trailing slash.
@@ -121,12 +123,16 @@ impl KeyLayout {
 
 /// Characters the object store client would percent-encode (so the server-side name
 /// would differ from vLLM's) or that cannot be part of a path segment.
-const FORBIDDEN_IN_SEGMENT: &[char] = &['\\', '{', '}', '^', '%', '`', '[', ']', '"', '<', '>', '~', '#', '|'];
+const FORBIDDEN_IN_SEGMENT: &[char] = &[
+    '\\', '{', '}', '^', '%', '`', '[', ']', '"', '<', '>', '~', '#', '|',
+];
 
 fn validate_segment(what: &str, segment: &str) -> Result<()> {
     let ok = segment != "."
         && segment != ".."
-        && !segment.chars().any(|c| c.is_control() || FORBIDDEN_IN_SEGMENT.contains(&c));
+        && !segment
+            .chars()
+            .any(|c| c.is_control() || FORBIDDEN_IN_SEGMENT.contains(&c));
     if ok {
         Ok(())
     } else {
@@ -141,7 +147,9 @@ mod tests {
     use super::*;
 
     fn hash32() -> Vec<u8> {
-        (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(0x0a)).collect()
+        (0u8..32)
+            .map(|i| i.wrapping_mul(37).wrapping_add(0x0a))
+            .collect()
     }
 
     #[test]
@@ -175,7 +183,10 @@ mod tests {
     fn vectors() {
         let layout = KeyLayout::new("", "m_0123456789ab_r0").unwrap();
         let key = make_key(&[0xde, 0xad, 0xbe, 0xef], 7);
-        assert_eq!(layout.object_name(&key).unwrap(), "m_0123456789ab_r0/dea/db_g7/deadbeef.bin");
+        assert_eq!(
+            layout.object_name(&key).unwrap(),
+            "m_0123456789ab_r0/dea/db_g7/deadbeef.bin"
+        );
 
         let layout = KeyLayout::new("/a//b/", "/ns/").unwrap();
         let key = make_key(&[0xff; 8], 4_000_000_000);
@@ -188,18 +199,39 @@ mod tests {
         let key = make_key(&[0x00, 0x01, 0x02], 0);
         assert_eq!(layout.object_name(&key).unwrap(), "000/10_g0/000102.bin");
         // Short hashes, named as vLLM's FileMapper names them (f"{h[:3]}/{h[3:5]}_g{g}/{h}.bin").
-        assert_eq!(layout.object_name(&make_key(&[0x31], 0)).unwrap(), "31/_g0/31.bin");
-        assert_eq!(layout.object_name(&make_key(&[0xab, 0xcd], 2)).unwrap(), "abc/d_g2/abcd.bin");
+        assert_eq!(
+            layout.object_name(&make_key(&[0x31], 0)).unwrap(),
+            "31/_g0/31.bin"
+        );
+        assert_eq!(
+            layout.object_name(&make_key(&[0xab, 0xcd], 2)).unwrap(),
+            "abc/d_g2/abcd.bin"
+        );
         assert_eq!(layout.probe_name(), "__kvtier_probe__/connectivity_test");
     }
 
     #[test]
     fn rejects_bad_keys_and_segments() {
-        assert_eq!(split_key(&[1, 2, 3, 4]).unwrap_err().status, crate::error::Status::InvalidArgument);
+        assert_eq!(
+            split_key(&[1, 2, 3, 4]).unwrap_err().status,
+            crate::error::Status::InvalidArgument
+        );
         assert!(split_key(&[0u8; 69]).is_err());
         assert!(split_key(&[0u8; 68]).is_ok());
-        for len in [0, 4, 69, 1 << 40, (1 << 63) - 1, usize::MAX - 15, usize::MAX] {
-            assert_eq!(check_key_len(len).unwrap_err().status, crate::error::Status::InvalidArgument, "{len}");
+        for len in [
+            0,
+            4,
+            69,
+            1 << 40,
+            (1 << 63) - 1,
+            usize::MAX - 15,
+            usize::MAX,
+        ] {
+            assert_eq!(
+                check_key_len(len).unwrap_err().status,
+                crate::error::Status::InvalidArgument,
+                "{len}"
+            );
         }
         for len in [5, 6, 7, 36, 68] {
             check_key_len(len).unwrap();

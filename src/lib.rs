@@ -21,8 +21,8 @@ pub mod store;
 
 pub use config::TierConfig;
 pub use engine::{
-    JobKind, JobResult, KeyBatch, LookupResult, StatsField, StatsSnapshot, StoredEvent, Tier, EVENT_MEDIUM,
-    MAX_KEYS_PER_JOB, STATS_FIELDS,
+    JobKind, JobResult, KeyBatch, LookupResult, StatsField, StatsSnapshot, StoredEvent, Tier,
+    EVENT_MEDIUM, MAX_KEYS_PER_JOB, STATS_FIELDS,
 };
 pub use error::{Error, Result, Status};
 pub use integrity::CRC_METADATA;

@@ -49,11 +49,22 @@ impl LogLevel {
 /// A host's log function (NULL for none): `level`, the record's `target` (the Rust
 /// module, e.g. `kvtier::engine` or `object_store::client::retry`) and `message`, both
 /// NUL-terminated and valid for the call only.
-pub type LogCallback =
-    Option<unsafe extern "C" fn(userdata: *mut c_void, level: LogLevel, target: *const c_char, message: *const c_char)>;
+pub type LogCallback = Option<
+    unsafe extern "C" fn(
+        userdata: *mut c_void,
+        level: LogLevel,
+        target: *const c_char,
+        message: *const c_char,
+    ),
+>;
 
 /// A log function that is set.
-type LogFn = unsafe extern "C" fn(userdata: *mut c_void, level: LogLevel, target: *const c_char, message: *const c_char);
+type LogFn = unsafe extern "C" fn(
+    userdata: *mut c_void,
+    level: LogLevel,
+    target: *const c_char,
+    message: *const c_char,
+);
 
 #[derive(Clone, Copy)]
 struct Sink {
@@ -111,7 +122,14 @@ impl log::Log for Router {
         IN_CALLBACK.with(|f| f.set(true));
         // SAFETY: the host registered this function for exactly this call shape; both
         // strings are NUL-terminated and outlive the call.
-        unsafe { (sink.callback)(sink.userdata as *mut c_void, LogLevel::of(record.level()), target.as_ptr(), message.as_ptr()) };
+        unsafe {
+            (sink.callback)(
+                sink.userdata as *mut c_void,
+                LogLevel::of(record.level()),
+                target.as_ptr(),
+                message.as_ptr(),
+            )
+        };
         IN_CALLBACK.with(|f| f.set(false));
     }
 
@@ -123,7 +141,9 @@ impl log::Log for Router {
 /// Makes the library's records reach the router, once per process.
 pub(crate) fn install() {
     INSTALL.call_once(|| {
-        let stderr = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).build();
+        let stderr =
+            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+                .build();
         let stderr_level = stderr.filter();
         if log::set_boxed_logger(Box::new(Router { stderr })).is_ok() {
             log::set_max_level(stderr_level);
@@ -136,28 +156,48 @@ pub(crate) fn install() {
 pub(crate) fn set_callback(callback: LogCallback, userdata: *mut c_void, max_level: LogLevel) {
     install();
     let mut sink = SINK.write().unwrap_or_else(|p| p.into_inner());
-    *sink = callback.map(|callback| Sink { callback, userdata: userdata as usize, max_level: max_level.filter() });
-    let stderr_level = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).build().filter();
+    *sink = callback.map(|callback| Sink {
+        callback,
+        userdata: userdata as usize,
+        max_level: max_level.filter(),
+    });
+    let stderr_level =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+            .build()
+            .filter();
     log::set_max_level(sink.map_or(stderr_level, |s| s.max_level));
 }
 
 /// Credentials that travel in URLs (pre-signed S3 queries, Azure SAS tokens) replaced
 /// with `***` in a message: a dependency's record may quote a request's URL.
 pub(crate) fn redact_url_secrets(text: &str) -> String {
-    const SECRET_PARAMS: &[&str] =
-        &["sig=", "x-amz-signature=", "x-amz-security-token=", "x-amz-credential=", "access_token=", "token="];
+    const SECRET_PARAMS: &[&str] = &[
+        "sig=",
+        "x-amz-signature=",
+        "x-amz-security-token=",
+        "x-amz-credential=",
+        "access_token=",
+        "token=",
+    ];
     let lower = text.to_ascii_lowercase();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
     while i < text.len() {
-        let boundary = i == 0 || matches!(text.as_bytes()[i - 1], b'?' | b'&' | b' ' | b'"' | b'\'');
-        let at_param = if boundary { SECRET_PARAMS.iter().find(|p| lower[i..].starts_with(**p)) } else { None };
+        let boundary =
+            i == 0 || matches!(text.as_bytes()[i - 1], b'?' | b'&' | b' ' | b'"' | b'\'');
+        let at_param = if boundary {
+            SECRET_PARAMS.iter().find(|p| lower[i..].starts_with(**p))
+        } else {
+            None
+        };
         match at_param {
             Some(param) => {
                 out.push_str(&text[i..i + param.len()]);
                 out.push_str("***");
                 i += param.len();
-                while i < text.len() && !matches!(text.as_bytes()[i], b'&' | b' ' | b'"' | b'\'' | b')' | b'>') {
+                while i < text.len()
+                    && !matches!(text.as_bytes()[i], b'&' | b' ' | b'"' | b'\'' | b')' | b'>')
+                {
                     i += 1;
                 }
             }
@@ -178,9 +218,19 @@ mod tests {
     #[test]
     fn url_credentials_are_redacted() {
         let url = "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=abc%2Fdef&se=1 failed";
-        assert_eq!(redact_url_secrets(url), "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=***&se=1 failed");
+        assert_eq!(
+            redact_url_secrets(url),
+            "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=***&se=1 failed"
+        );
         let s3 = "url http://h/b/k?X-Amz-Credential=AKID%2F1&X-Amz-Signature=f00d";
-        assert_eq!(redact_url_secrets(s3), "url http://h/b/k?X-Amz-Credential=***&X-Amz-Signature=***");
-        assert_eq!(redact_url_secrets("design=1 modèle"), "design=1 modèle", "only whole parameter names");
+        assert_eq!(
+            redact_url_secrets(s3),
+            "url http://h/b/k?X-Amz-Credential=***&X-Amz-Signature=***"
+        );
+        assert_eq!(
+            redact_url_secrets("design=1 modèle"),
+            "design=1 modèle",
+            "only whole parameter names"
+        );
     }
 }

@@ -62,14 +62,22 @@ fn python_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     let sci = format!("{f:e}"); // shortest round-trip digits, e.g. "-1.25e-5"
     let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exponent: i32 = exponent.parse().unwrap_or(0);
     if (-4..16).contains(&exponent) {
         let text = format!("{f}");
-        if text.contains('.') { text } else { format!("{text}.0") }
+        if text.contains('.') {
+            text
+        } else {
+            format!("{text}.0")
+        }
     } else {
         let sign = if exponent < 0 { '-' } else { '+' };
         format!("{mantissa}e{sign}{:02}", exponent.abs())
@@ -117,7 +125,11 @@ pub fn vllm_namespace(fields: &Value, rank: u32) -> Result<String> {
     if !fields.is_object() {
         return Err(Error::invalid("the field set must be a JSON object"));
     }
-    Ok(format!("{}_{}_r{rank}", model.replace('/', "_"), digest(fields)))
+    Ok(format!(
+        "{}_{}_r{rank}",
+        model.replace('/', "_"),
+        digest(fields)
+    ))
 }
 
 #[cfg(test)]
@@ -128,8 +140,15 @@ mod tests {
     fn python_float_repr_matches() {
         // Values and their repr() in CPython 3.11.
         for (f, text) in [
-            (1.0, "1.0"), (2.5, "2.5"), (1e16, "1e+16"), (1e-5, "1e-05"), (0.0001, "0.0001"),
-            (123456789012345.0, "123456789012345.0"), (1.5e300, "1.5e+300"), (-2.5e-7, "-2.5e-07"), (0.1, "0.1"),
+            (1.0, "1.0"),
+            (2.5, "2.5"),
+            (1e16, "1e+16"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (123456789012345.0, "123456789012345.0"),
+            (1.5e300, "1.5e+300"),
+            (-2.5e-7, "-2.5e-07"),
+            (0.1, "0.1"),
         ] {
             assert_eq!(python_float_repr(f), text);
         }
@@ -137,8 +156,13 @@ mod tests {
 
     #[test]
     fn python_json_escapes() {
-        let v: Value = serde_json::from_str(r#"{"b":[1,2.5,true,null],"a":"x\"y\u00e9\ud83d\ude00\n"}"#).unwrap();
-        assert_eq!(python_compact_json(&v), r#"{"a":"x\"y\u00e9\ud83d\ude00\n","b":[1,2.5,true,null]}"#);
+        let v: Value =
+            serde_json::from_str(r#"{"b":[1,2.5,true,null],"a":"x\"y\u00e9\ud83d\ude00\n"}"#)
+                .unwrap();
+        assert_eq!(
+            python_compact_json(&v),
+            r#"{"a":"x\"y\u00e9\ud83d\ude00\n","b":[1,2.5,true,null]}"#
+        );
     }
 }
 
@@ -153,7 +177,10 @@ mod vector_tests {
         let vectors = doc["vectors"].as_array().unwrap();
         assert!(vectors.len() >= 3);
         for v in vectors {
-            assert_eq!(python_compact_json(&v["fields"]), v["canonical_json"].as_str().unwrap());
+            assert_eq!(
+                python_compact_json(&v["fields"]),
+                v["canonical_json"].as_str().unwrap()
+            );
             let ns = vllm_namespace(&v["fields"], v["rank"].as_u64().unwrap() as u32).unwrap();
             assert_eq!(ns, v["namespace"].as_str().unwrap());
         }

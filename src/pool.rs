@@ -34,7 +34,11 @@ impl HostPool {
                 "pool of {num_blocks} blocks of {block_bytes} bytes does not fit in the address space"
             )));
         }
-        Ok(HostPool { base: base as usize, num_blocks, block_bytes })
+        Ok(HostPool {
+            base: base as usize,
+            num_blocks,
+            block_bytes,
+        })
     }
 
     pub fn num_blocks(&self) -> u64 {
@@ -80,7 +84,10 @@ impl BlockSlot {
     /// reads or writes it, and the caller of the C API does not touch it until the job's
     /// result is polled.
     pub(crate) unsafe fn new(pool: &HostPool, block_id: u64) -> Self {
-        BlockSlot { ptr: pool.block_ptr(block_id), len: pool.block_bytes() }
+        BlockSlot {
+            ptr: pool.block_ptr(block_id),
+            len: pool.block_bytes(),
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -101,7 +108,10 @@ impl BlockSlot {
     /// The same block for a blocking thread. The caller must not use `self` until that
     /// thread is done with the returned slot (it awaits the blocking task).
     pub(crate) fn reborrow(&mut self) -> BlockSlot {
-        BlockSlot { ptr: self.ptr, len: self.len }
+        BlockSlot {
+            ptr: self.ptr,
+            len: self.len,
+        }
     }
 }
 
@@ -139,13 +149,24 @@ impl AsRef<[u8]> for BlockView {
 impl MemoryLease {
     pub fn new() -> Self {
         let (tx, rx) = oneshot::channel();
-        MemoryLease { token: Some(Arc::new(LeaseToken { _on_drop: tx })), released: rx }
+        MemoryLease {
+            token: Some(Arc::new(LeaseToken { _on_drop: tx })),
+            released: rx,
+        }
     }
 
     /// A zero-copy view of a block, counted by this lease.
     pub fn view(&self, pool: &HostPool, block_id: u64) -> Bytes {
-        let token = self.token.as_ref().expect("lease already waited on").clone();
-        Bytes::from_owner(BlockView { ptr: pool.block_ptr(block_id), len: pool.block_bytes(), _token: token })
+        let token = self
+            .token
+            .as_ref()
+            .expect("lease already waited on")
+            .clone();
+        Bytes::from_owner(BlockView {
+            ptr: pool.block_ptr(block_id),
+            len: pool.block_bytes(),
+            _token: token,
+        })
     }
 
     /// Resolves once no view of this lease is alive any more.

@@ -27,7 +27,11 @@ impl Drop for Pool {
 
 impl Pool {
     fn new(blocks: u64) -> Self {
-        Pool { mem: vec![0u8; blocks as usize * BLOCK], blocks, registered: false }
+        Pool {
+            mem: vec![0u8; blocks as usize * BLOCK],
+            blocks,
+            registered: false,
+        }
     }
     fn block(&self, i: u64) -> &[u8] {
         &self.mem[i as usize * BLOCK..(i as usize + 1) * BLOCK]
@@ -43,7 +47,10 @@ impl Pool {
     }
     fn register(&mut self, tier: &Tier) {
         self.registered = true;
-        unsafe { tier.register_memory(self.mem.as_mut_ptr(), self.blocks, BLOCK).unwrap() }
+        unsafe {
+            tier.register_memory(self.mem.as_mut_ptr(), self.blocks, BLOCK)
+                .unwrap()
+        }
     }
 }
 
@@ -81,18 +88,23 @@ fn round_trip(tier: &Tier) {
     pool.fill_random(7);
     pool.register(tier);
     let stored: Vec<u64> = (0..32).collect();
-    tier.submit(JobKind::Store, 1, &stored, keys(&stored)).unwrap();
+    tier.submit(JobKind::Store, 1, &stored, keys(&stored))
+        .unwrap();
     let r = wait_all(tier, 1).remove(&1).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert_eq!(r.bytes, 32 * BLOCK as u64);
     // Load key i into slot 32 + (i * 7) % 32: a non-identity mapping.
     let slots: Vec<u64> = stored.iter().map(|i| 32 + (i * 7) % 32).collect();
-    tier.submit(JobKind::Load, 2, &slots, keys(&stored)).unwrap();
+    tier.submit(JobKind::Load, 2, &slots, keys(&stored))
+        .unwrap();
     let r = wait_all(tier, 1).remove(&2).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert!(r.key_status.iter().all(|s| s.is_ok()));
     for (i, slot) in stored.iter().zip(&slots) {
-        assert!(pool.block(*i) == pool.block(*slot), "block {i} differs after loading into slot {slot}");
+        assert!(
+            pool.block(*i) == pool.block(*slot),
+            "block {i} differs after loading into slot {slot}"
+        );
     }
 }
 
@@ -118,15 +130,24 @@ fn missing_key_fails_alone() {
     let mut pool = Pool::new(8);
     pool.fill_random(3);
     pool.register(&tier);
-    tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[10, 11, 12])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[10, 11, 12]))
+        .unwrap();
     wait_all(&tier, 1);
-    tier.submit(JobKind::Load, 2, &[4, 5, 6, 7], keys(&[10, 99, 11, 12])).unwrap();
+    tier.submit(JobKind::Load, 2, &[4, 5, 6, 7], keys(&[10, 99, 11, 12]))
+        .unwrap();
     let r = wait_all(&tier, 1).remove(&2).unwrap();
     assert_eq!(r.status, Status::NotFound);
-    assert_eq!(r.key_status, vec![Status::Ok, Status::NotFound, Status::Ok, Status::Ok]);
+    assert_eq!(
+        r.key_status,
+        vec![Status::Ok, Status::NotFound, Status::Ok, Status::Ok]
+    );
     assert_eq!(r.bytes, 3 * BLOCK as u64);
     assert_eq!(r.successful_keys().count(), 3);
-    assert!(pool.block(4) == pool.block(0) && pool.block(6) == pool.block(1) && pool.block(7) == pool.block(2));
+    assert!(
+        pool.block(4) == pool.block(0)
+            && pool.block(6) == pool.block(1)
+            && pool.block(7) == pool.block(2)
+    );
 }
 
 #[test]
@@ -136,7 +157,8 @@ fn object_of_another_length_fails_that_key() {
     let mut pool = Pool::new(4);
     pool.fill_random(5);
     pool.register(&tier);
-    tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[1, 2, 3])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[1, 2, 3]))
+        .unwrap();
     wait_all(&tier, 1);
     // Truncate one object, lengthen another, out of band.
     let short = dir.path().join(tier.layout().object_name(&key(1)).unwrap());
@@ -145,9 +167,15 @@ fn object_of_another_length_fails_that_key() {
     std::fs::write(&long, vec![1u8; BLOCK + 1]).unwrap();
     let empty_key = dir.path().join(tier.layout().object_name(&key(3)).unwrap());
     std::fs::write(&empty_key, b"").unwrap();
-    tier.submit(JobKind::Load, 2, &[3, 1, 2], keys(&[1, 2, 3])).unwrap();
+    tier.submit(JobKind::Load, 2, &[3, 1, 2], keys(&[1, 2, 3]))
+        .unwrap();
     let r = wait_all(&tier, 1).remove(&2).unwrap();
-    assert_eq!(r.key_status, vec![Status::LengthMismatch; 3], "{}", r.message);
+    assert_eq!(
+        r.key_status,
+        vec![Status::LengthMismatch; 3],
+        "{}",
+        r.message
+    );
     assert_eq!(r.bytes, 0);
 }
 
@@ -160,7 +188,8 @@ fn every_job_reported_exactly_once_across_many_polls() {
     let n = 1000u64;
     for job in 0..n {
         let block = job % 128;
-        tier.submit(JobKind::Store, job, &[block], keys(&[job])).unwrap();
+        tier.submit(JobKind::Store, job, &[block], keys(&[job]))
+            .unwrap();
     }
     let mut seen = std::collections::HashSet::new();
     while seen.len() < n as usize {
@@ -181,20 +210,37 @@ fn every_job_reported_exactly_once_across_many_polls() {
 fn submission_failures_surface_at_next_poll() {
     let tier = memory_tier();
     // Before registration.
-    let e = tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap_err();
+    let e = tier
+        .submit(JobKind::Store, 1, &[0], keys(&[1]))
+        .unwrap_err();
     assert_eq!(e.status, Status::State);
     let mut pool = Pool::new(4);
     pool.register(&tier);
-    let e = tier.submit(JobKind::Store, 2, &[4], keys(&[1])).unwrap_err();
+    let e = tier
+        .submit(JobKind::Store, 2, &[4], keys(&[1]))
+        .unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("out of range"), "{}", e.message);
-    let e = tier.submit(JobKind::Load, 3, &[], KeyBatch::new(&[], 36).unwrap()).unwrap_err();
+    let e = tier
+        .submit(JobKind::Load, 3, &[], KeyBatch::new(&[], 36).unwrap())
+        .unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument);
-    let e = tier.submit(JobKind::Load, 4, &[0], KeyBatch::new(&[0u8; 20], 20).unwrap()).unwrap_err();
+    let e = tier
+        .submit(
+            JobKind::Load,
+            4,
+            &[0],
+            KeyBatch::new(&[0u8; 20], 20).unwrap(),
+        )
+        .unwrap_err();
     assert!(e.message.contains("key_bytes"), "{}", e.message);
-    let e = tier.submit(JobKind::Load, 5, &[0, 0], keys(&[1, 2])).unwrap_err();
+    let e = tier
+        .submit(JobKind::Load, 5, &[0, 0], keys(&[1, 2]))
+        .unwrap_err();
     assert!(e.message.contains("twice"), "{}", e.message);
-    let e = tier.submit(JobKind::Load, 6, &[0, 1], keys(&[1])).unwrap_err();
+    let e = tier
+        .submit(JobKind::Load, 6, &[0, 1], keys(&[1]))
+        .unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument);
     let results = wait_all(&tier, 6);
     for id in 1..=6 {
@@ -210,7 +256,9 @@ fn duplicate_in_flight_job_id_is_refused_without_second_result() {
     let mut pool = Pool::new(4);
     pool.register(&tier);
     tier.submit(JobKind::Store, 9, &[0], keys(&[1])).unwrap();
-    let e = tier.submit(JobKind::Store, 9, &[1], keys(&[2])).unwrap_err();
+    let e = tier
+        .submit(JobKind::Store, 9, &[1], keys(&[2]))
+        .unwrap_err();
     assert_eq!(e.status, Status::DuplicateJob);
     let results = wait_all(&tier, 1);
     assert!(results[&9].succeeded());
@@ -231,10 +279,13 @@ fn shutdown_reports_every_job_and_refuses_new_ones() {
     pool.fill_random(1);
     pool.register(&tier);
     for job in 0..200u64 {
-        tier.submit(JobKind::Store, job, &[job % 64], keys(&[job])).unwrap();
+        tier.submit(JobKind::Store, job, &[job % 64], keys(&[job]))
+            .unwrap();
     }
     tier.shutdown();
-    let e = tier.submit(JobKind::Store, 500, &[0], keys(&[1])).unwrap_err();
+    let e = tier
+        .submit(JobKind::Store, 500, &[0], keys(&[1]))
+        .unwrap_err();
     assert_eq!(e.status, Status::ShutDown);
     let results: Vec<JobResult> = tier.poll(usize::MAX);
     assert_eq!(results.len(), 201);
@@ -282,7 +333,11 @@ struct PollFd {
     revents: i16,
 }
 fn libc_pollfd(fd: i32) -> PollFd {
-    PollFd { fd, events: 1, revents: 0 }
+    PollFd {
+        fd,
+        events: 1,
+        revents: 0,
+    }
 }
 extern "C" {
     fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
@@ -290,7 +345,9 @@ extern "C" {
 
 #[test]
 fn bad_config_and_unreachable_store_are_clear_errors() {
-    let e = Tier::from_json(r#"{"store":{"type":"memory"},"bogus":true}"#).err().unwrap();
+    let e = Tier::from_json(r#"{"store":{"type":"memory"},"bogus":true}"#)
+        .err()
+        .unwrap();
     assert_eq!(e.status, Status::Config);
     assert!(e.message.contains("bogus"));
     let e = Tier::from_json(
@@ -334,7 +391,10 @@ fn thread_nice_values(name: &str) -> Vec<i64> {
 
 #[test]
 fn transfer_threads_take_the_configured_nice_value() {
-    let tier = Tier::from_json(r#"{"store":{"type":"memory"},"transfer_thread_nice":7,"runtime_threads":2}"#).unwrap();
+    let tier = Tier::from_json(
+        r#"{"store":{"type":"memory"},"transfer_thread_nice":7,"runtime_threads":2}"#,
+    )
+    .unwrap();
     let mut pool = Pool::new(4);
     pool.register(&tier);
     tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap();
@@ -348,7 +408,10 @@ fn transfer_threads_take_the_configured_nice_value() {
         if niced.iter().filter(|&&n| n == 7).count() >= 2 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "two transfer threads at nice 7 expected: {niced:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "two transfer threads at nice 7 expected: {niced:?}"
+        );
         std::thread::yield_now();
     }
     tier.shutdown();
@@ -361,21 +424,40 @@ fn a_job_holds_its_blocks_until_its_result_is_polled() {
     pool.fill_random(11);
     pool.register(&tier);
     // A store naming block 0 twice holds it once; another store may share it.
-    tier.submit(JobKind::Store, 1, &[0, 0, 1], keys(&[1, 2, 3])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 0, 1], keys(&[1, 2, 3]))
+        .unwrap();
     tier.submit(JobKind::Store, 2, &[0], keys(&[4])).unwrap();
     // A load needs its block alone, whether the holder is running or finished unpolled.
     let busy = tier.submit(JobKind::Load, 3, &[1], keys(&[1])).unwrap_err();
     assert_eq!(busy.status, Status::BlockBusy, "{busy:?}");
-    assert!(busy.message.contains("block 1") && busy.message.contains("job 1"), "{}", busy.message);
+    assert!(
+        busy.message.contains("block 1") && busy.message.contains("job 1"),
+        "{}",
+        busy.message
+    );
     let results = wait_all(&tier, 3);
     assert_eq!(results[&3].status, Status::BlockBusy);
     assert_eq!(results[&3].key_status, vec![Status::BlockBusy]);
     // Polled: blocks 0 and 1 are free again, and a load now holds block 1 alone.
     tier.submit(JobKind::Load, 5, &[1], keys(&[4])).unwrap();
-    assert_eq!(tier.submit(JobKind::Store, 6, &[1], keys(&[5])).unwrap_err().status, Status::BlockBusy);
-    assert_eq!(tier.submit(JobKind::Load, 7, &[1], keys(&[5])).unwrap_err().status, Status::BlockBusy);
+    assert_eq!(
+        tier.submit(JobKind::Store, 6, &[1], keys(&[5]))
+            .unwrap_err()
+            .status,
+        Status::BlockBusy
+    );
+    assert_eq!(
+        tier.submit(JobKind::Load, 7, &[1], keys(&[5]))
+            .unwrap_err()
+            .status,
+        Status::BlockBusy
+    );
     tier.submit(JobKind::Store, 8, &[0], keys(&[6])).unwrap();
     let results = wait_all(&tier, 4);
     assert!(results[&5].succeeded() && results[&8].succeeded());
-    assert_eq!(pool.block(1), pool.block(0), "block 1 holds key 4, stored from block 0");
+    assert_eq!(
+        pool.block(1),
+        pool.block(0),
+        "block 1 holds key 4, stored from block 0"
+    );
 }

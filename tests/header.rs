@@ -22,8 +22,11 @@ fn committed_header_matches_cbindgen_output() {
 /// its help text as the comment above it.
 #[test]
 fn header_stats_struct_follows_the_counter_list() {
-    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
-    let start = committed.find("typedef struct kvt_stats {").expect("the header defines kvt_stats");
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
+    let start = committed
+        .find("typedef struct kvt_stats {")
+        .expect("the header defines kvt_stats");
     let end = start + committed[start..].find("} kvt_stats;").unwrap();
     let mut fields = Vec::new();
     let mut comment = String::new();
@@ -32,23 +35,41 @@ fn header_stats_struct_follows_the_counter_list() {
         if let Some(text) = line.strip_prefix("//") {
             comment.push_str(if comment.is_empty() { "" } else { " " });
             comment.push_str(text.trim());
-        } else if let Some(name) = line.strip_prefix("uint64_t ").and_then(|l| l.strip_suffix(';')) {
+        } else if let Some(name) = line
+            .strip_prefix("uint64_t ")
+            .and_then(|l| l.strip_suffix(';'))
+        {
             fields.push((name.to_string(), std::mem::take(&mut comment)));
         }
     }
-    let expected: Vec<(String, String)> =
-        kvtier::STATS_FIELDS.iter().map(|f| (f.name.to_string(), f.help.to_string())).collect();
+    let expected: Vec<(String, String)> = kvtier::STATS_FIELDS
+        .iter()
+        .map(|f| (f.name.to_string(), f.help.to_string()))
+        .collect();
     assert_eq!(fields, expected);
 }
 
 #[test]
 fn header_version_macros_match_cargo_toml() {
-    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
     for (macro_name, value) in [
-        ("KVTIER_VERSION_MAJOR", env!("CARGO_PKG_VERSION_MAJOR").to_string()),
-        ("KVTIER_VERSION_MINOR", env!("CARGO_PKG_VERSION_MINOR").to_string()),
-        ("KVTIER_VERSION_PATCH", env!("CARGO_PKG_VERSION_PATCH").to_string()),
-        ("KVTIER_VERSION", format!("\"{}\"", env!("CARGO_PKG_VERSION"))),
+        (
+            "KVTIER_VERSION_MAJOR",
+            env!("CARGO_PKG_VERSION_MAJOR").to_string(),
+        ),
+        (
+            "KVTIER_VERSION_MINOR",
+            env!("CARGO_PKG_VERSION_MINOR").to_string(),
+        ),
+        (
+            "KVTIER_VERSION_PATCH",
+            env!("CARGO_PKG_VERSION_PATCH").to_string(),
+        ),
+        (
+            "KVTIER_VERSION",
+            format!("\"{}\"", env!("CARGO_PKG_VERSION")),
+        ),
     ] {
         let line = format!("#define {macro_name} {value}\n");
         assert!(committed.contains(&line), "header lacks `{}`", line.trim());
@@ -59,11 +80,13 @@ fn header_version_macros_match_cargo_toml() {
 
 #[test]
 fn every_exported_function_is_documented_in_the_header() {
-    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
     let lines: Vec<&str> = committed.lines().collect();
     let mut functions = 0;
     for (i, line) in lines.iter().enumerate() {
-        let is_decl = line.contains(" kvt_") && line.contains('(') && !line.trim_start().starts_with("//");
+        let is_decl =
+            line.contains(" kvt_") && line.contains('(') && !line.trim_start().starts_with("//");
         if is_decl && !line.starts_with(' ') {
             functions += 1;
             assert!(
@@ -72,7 +95,10 @@ fn every_exported_function_is_documented_in_the_header() {
             );
         }
     }
-    assert!(functions >= 10, "found only {functions} functions in the header");
+    assert!(
+        functions >= 10,
+        "found only {functions} functions in the header"
+    );
 }
 
 /// Every name the header declares carries the library's prefix (`kvt_` for types and
@@ -80,7 +106,8 @@ fn every_exported_function_is_documented_in_the_header() {
 /// leaks into its comments.
 #[test]
 fn every_header_name_is_prefixed_and_comments_are_plain() {
-    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/kvtier.h")).unwrap();
     let mut bad = Vec::new();
     let mut in_enum = false;
     for (i, line) in committed.lines().enumerate() {
@@ -100,7 +127,10 @@ fn every_header_name_is_prefixed_and_comments_are_plain() {
         }
         for keyword in ["typedef enum ", "typedef struct ", "enum ", "struct "] {
             if let Some(rest) = trimmed.strip_prefix(keyword) {
-                let name = rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+                let name = rest
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or("");
                 if !name.is_empty() && !name.starts_with("kvt_") {
                     bad.push(format!("{n}: type {name} lacks the kvt_ prefix"));
                 }
@@ -114,7 +144,10 @@ fn every_header_name_is_prefixed_and_comments_are_plain() {
         if in_enum {
             if trimmed.starts_with('}') {
                 in_enum = false;
-            } else if let Some(name) = trimmed.split(|c: char| !(c.is_alphanumeric() || c == '_')).next() {
+            } else if let Some(name) = trimmed
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+            {
                 if !name.is_empty() && !name.starts_with("KVT_") {
                     bad.push(format!("{n}: enumerator {name} lacks the KVT_ prefix"));
                 }
@@ -122,11 +155,18 @@ fn every_header_name_is_prefixed_and_comments_are_plain() {
         }
         if !line.starts_with(' ') && line.contains('(') && line.trim_end().ends_with([',', ';']) {
             let before = &line[..line.find('(').unwrap()];
-            let name = before.rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+            let name = before
+                .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or("");
             if !name.is_empty() && !name.starts_with("kvt_") && !name.starts_with("KVT_") {
                 bad.push(format!("{n}: function {name} lacks the kvt_ prefix"));
             }
         }
     }
-    assert!(bad.is_empty(), "header names break the prefix rule:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "header names break the prefix rule:\n{}",
+        bad.join("\n")
+    );
 }

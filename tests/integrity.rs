@@ -24,8 +24,13 @@ struct Setup {
 
 fn setup(config: &str, blocks: u64, block: usize) -> Setup {
     let tier = Tier::from_json(config).unwrap();
-    let mut mem: Vec<u8> = (0..blocks as usize * block).map(|i| (i * 31 % 251) as u8).collect();
-    unsafe { tier.register_memory(mem.as_mut_ptr(), blocks, block).unwrap() };
+    let mut mem: Vec<u8> = (0..blocks as usize * block)
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    unsafe {
+        tier.register_memory(mem.as_mut_ptr(), blocks, block)
+            .unwrap()
+    };
     Setup { tier, mem }
 }
 
@@ -38,7 +43,10 @@ fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], keys: &[u64]) -> Job
 }
 
 fn local_config(dir: &std::path::Path, extra: &str) -> String {
-    format!(r#"{{"store":{{"type":"local","path":{:?}}},"namespace":"ns"{extra}}}"#, dir)
+    format!(
+        r#"{{"store":{{"type":"local","path":{:?}}},"namespace":"ns"{extra}}}"#,
+        dir
+    )
 }
 
 fn object_path(dir: &std::path::Path, tier: &Tier, k: u64) -> std::path::PathBuf {
@@ -54,17 +62,26 @@ fn bit_flip_on_local_store_fails_only_that_key_and_lookup_turns_miss() {
     let path = object_path(dir.path(), &s.tier, 2);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 0x10;
-    std::fs::OpenOptions::new().write(true).open(&path).map(|f| {
-        use std::os::unix::fs::FileExt;
-        f.write_all_at(&bytes, 0).unwrap();
-    }).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map(|f| {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&bytes, 0).unwrap();
+        })
+        .unwrap();
     s.tier.lookup(9, &key(2)).unwrap();
     s.tier.schedule_end().unwrap();
     while s.tier.lookup(9, &key(2)).unwrap() == LookupResult::Retry {
         std::thread::sleep(Duration::from_millis(1));
     }
     let r = run(&s.tier, JobKind::Load, 2, &[4, 5, 6], &[1, 2, 3]);
-    assert_eq!(r.key_status, vec![Status::Ok, Status::Corrupt, Status::Ok], "{}", r.message);
+    assert_eq!(
+        r.key_status,
+        vec![Status::Ok, Status::Corrupt, Status::Ok],
+        "{}",
+        r.message
+    );
     assert_eq!(s.tier.stats().corrupt_blocks, 1);
     assert_eq!(&s.mem[4 * BLOCK..5 * BLOCK], &s.mem[0..BLOCK]);
     assert_eq!(s.tier.lookup(9, &key(2)).unwrap(), LookupResult::Miss);
@@ -76,12 +93,19 @@ fn bit_flip_on_local_store_fails_only_that_key_and_lookup_turns_miss() {
 #[test]
 fn fail_and_delete_removes_the_corrupt_object_so_the_next_store_rewrites_it() {
     let dir = tempfile::tempdir().unwrap();
-    let s = setup(&local_config(dir.path(), r#","on_corrupt":"fail_and_delete""#), 4, BLOCK);
+    let s = setup(
+        &local_config(dir.path(), r#","on_corrupt":"fail_and_delete""#),
+        4,
+        BLOCK,
+    );
     assert!(run(&s.tier, JobKind::Store, 1, &[0], &[7]).succeeded());
     let path = object_path(dir.path(), &s.tier, 7);
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], 5).unwrap();
-    assert_eq!(run(&s.tier, JobKind::Load, 2, &[1], &[7]).status, Status::Corrupt);
+    assert_eq!(
+        run(&s.tier, JobKind::Load, 2, &[1], &[7]).status,
+        Status::Corrupt
+    );
     assert!(!path.exists(), "corrupt object deleted");
     assert!(run(&s.tier, JobKind::Store, 3, &[0], &[7]).succeeded());
     assert!(path.exists(), "rewritten, not skipped as known");
@@ -106,9 +130,15 @@ fn tier_with_another_block_size_in_the_same_namespace_fails_by_length() {
     let a = setup(&local_config(dir.path(), ""), 2, BLOCK);
     assert!(run(&a.tier, JobKind::Store, 1, &[0], &[5]).succeeded());
     let b = setup(&local_config(dir.path(), ""), 2, BLOCK * 2);
-    assert_eq!(run(&b.tier, JobKind::Load, 1, &[1], &[5]).status, Status::LengthMismatch);
+    assert_eq!(
+        run(&b.tier, JobKind::Load, 1, &[1], &[5]).status,
+        Status::LengthMismatch
+    );
     let c = setup(&local_config(dir.path(), ""), 2, BLOCK / 2);
-    assert_eq!(run(&c.tier, JobKind::Load, 1, &[1], &[5]).status, Status::LengthMismatch);
+    assert_eq!(
+        run(&c.tier, JobKind::Load, 1, &[1], &[5]).status,
+        Status::LengthMismatch
+    );
 }
 
 #[test]
@@ -118,14 +148,19 @@ fn tampered_object_in_memory_store_is_corrupt() {
     // Rewrite key 1's bytes but keep its recorded checksum, as a bad disk or bad copy would.
     let store = s.tier.store().client().clone();
     let name = object_store::path::Path::from(s.tier.layout().object_name(&key(1)).unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     rt.block_on(async {
         use object_store::{ObjectStore, ObjectStoreExt};
         let got = store.get(&name).await.unwrap();
         let attributes = got.attributes.clone();
         let mut bytes = got.bytes().await.unwrap().to_vec();
         bytes[0] ^= 1;
-        let opts = object_store::PutOptions { attributes, ..Default::default() };
+        let opts = object_store::PutOptions {
+            attributes,
+            ..Default::default()
+        };
         store.put_opts(&name, bytes.into(), opts).await.unwrap();
     });
     let r = run(&s.tier, JobKind::Load, 2, &[2, 3], &[1, 2]);
@@ -140,14 +175,23 @@ fn checksums_can_be_turned_off() {
     let path = object_path(dir.path(), &s.tier, 1);
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &[0x00, 0x00], 0).unwrap();
-    assert!(run(&s.tier, JobKind::Load, 2, &[1], &[1]).succeeded(), "no verification when off");
+    assert!(
+        run(&s.tier, JobKind::Load, 2, &[1], &[1]).succeeded(),
+        "no verification when off"
+    );
 }
 
 #[test]
 fn dedup_skips_known_keys_and_shares_concurrent_uploads() {
-    let s = setup(r#"{"store":{"type":"memory"},"enable_kv_events":true}"#, 8, BLOCK);
+    let s = setup(
+        r#"{"store":{"type":"memory"},"enable_kv_events":true}"#,
+        8,
+        BLOCK,
+    );
     // One job storing the same key three times, plus two concurrent jobs of the same key.
-    let _ = s.tier.submit(JobKind::Store, 1, &[0, 1, 2], batch(&[4, 4, 4]));
+    let _ = s
+        .tier
+        .submit(JobKind::Store, 1, &[0, 1, 2], batch(&[4, 4, 4]));
     let _ = s.tier.submit(JobKind::Store, 2, &[0], batch(&[4]));
     let _ = s.tier.submit(JobKind::Store, 3, &[0], batch(&[4]));
     s.tier.drain(Duration::from_secs(30)).unwrap();
@@ -155,11 +199,19 @@ fn dedup_skips_known_keys_and_shares_concurrent_uploads() {
     assert_eq!(results.len(), 3);
     assert!(results.iter().all(|r| r.succeeded()));
     let st = s.tier.stats();
-    assert_eq!(st.dedup_known + st.dedup_joined + st.dedup_already_stored, 4, "{st:?}");
+    assert_eq!(
+        st.dedup_known + st.dedup_joined + st.dedup_already_stored,
+        4,
+        "{st:?}"
+    );
     // A later store of the known key uploads nothing, and still yields its event.
     assert!(run(&s.tier, JobKind::Store, 4, &[5], &[4]).succeeded());
     assert_eq!(s.tier.stats().dedup_known, st.dedup_known + 1);
-    assert_eq!(s.tier.take_events(10).len(), 4, "deduplicated stores still emit BlockStored");
+    assert_eq!(
+        s.tier.take_events(10).len(),
+        4,
+        "deduplicated stores still emit BlockStored"
+    );
 }
 
 #[test]
@@ -171,13 +223,26 @@ fn conditional_put_across_tier_instances_uploads_once() {
     let path = object_path(dir.path(), &a.tier, 8);
     // A rewrite would give the file a new modification time: start from one far in the past.
     let before = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
-    std::fs::File::options().write(true).open(&path).unwrap().set_modified(before).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(before)
+        .unwrap();
     for job in 0..3 {
         assert!(run(&b.tier, JobKind::Store, job, &[1], &[8]).succeeded());
     }
-    assert_eq!(b.tier.stats().dedup_already_stored, 1, "412 from the store counts as stored");
+    assert_eq!(
+        b.tier.stats().dedup_already_stored,
+        1,
+        "412 from the store counts as stored"
+    );
     assert_eq!(b.tier.stats().dedup_known, 2);
-    assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), before, "never rewritten");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().modified().unwrap(),
+        before,
+        "never rewritten"
+    );
 }
 
 #[test]
@@ -187,9 +252,14 @@ fn dedup_off_always_uploads_and_bad_mode_is_a_config_error() {
         assert!(run(&s.tier, JobKind::Store, job, &[0], &[1]).succeeded());
     }
     let st = s.tier.stats();
-    assert_eq!(st.dedup_known + st.dedup_joined + st.dedup_already_stored, 0);
+    assert_eq!(
+        st.dedup_known + st.dedup_joined + st.dedup_already_stored,
+        0
+    );
     assert_eq!(st.keys_stored, 3);
-    let e = Tier::from_json(r#"{"store":{"type":"memory"},"dedup":"sometimes"}"#).err().unwrap();
+    let e = Tier::from_json(r#"{"store":{"type":"memory"},"dedup":"sometimes"}"#)
+        .err()
+        .unwrap();
     assert_eq!(e.status, Status::Config);
     assert!(e.message.contains("sometimes"));
 }

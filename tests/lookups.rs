@@ -54,7 +54,11 @@ fn retry_then_verdict_and_repeated_lookups_issue_no_new_checks() {
         tier.schedule_end().unwrap();
     }
     assert_eq!(resolve(&tier, 10, &key(3)), LookupResult::Miss);
-    assert_eq!(tier.stats().existence_checks, checks + 1, "resolved keys are not checked again");
+    assert_eq!(
+        tier.stats().existence_checks,
+        checks + 1,
+        "resolved keys are not checked again"
+    );
 }
 
 #[test]
@@ -89,8 +93,15 @@ fn failed_load_marks_only_failed_keys_miss() {
     // Delete key 2 behind the tier's back; its load fails, key 1's succeeds.
     let store = tier.store().client().clone();
     let name = object_store::path::Path::from(tier.layout().object_name(&key(2)).unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async { object_store::ObjectStoreExt::delete(&*store, &name).await.unwrap() });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        object_store::ObjectStoreExt::delete(&*store, &name)
+            .await
+            .unwrap()
+    });
     let r = run(&tier, JobKind::Load, 2, &[4, 5], &[1, 2]);
     assert_eq!(r.key_status, vec![Status::Ok, Status::NotFound]);
     assert_eq!(tier.lookup(7, &key(1)).unwrap(), LookupResult::Hit);
@@ -109,7 +120,10 @@ fn events_only_for_successful_stores_in_key_order() {
     assert_eq!(events[0].job_id, 1);
     assert_eq!(events[0].keys, batch(&[3, 1, 2]));
     assert_eq!(events[0].locality, Some(kvtier::config::Locality::REMOTE));
-    assert!(tier.take_events(usize::MAX).is_empty(), "take_events drains");
+    assert!(
+        tier.take_events(usize::MAX).is_empty(),
+        "take_events drains"
+    );
 }
 
 #[test]
@@ -122,7 +136,13 @@ fn events_disabled_by_default() {
 #[test]
 fn lookup_rejects_bad_keys_and_calls_after_shutdown() {
     let (tier, _mem) = tier("");
-    assert_eq!(tier.lookup(1, &[1, 2, 3]).unwrap_err().status, Status::InvalidArgument);
+    assert_eq!(
+        tier.lookup(1, &[1, 2, 3]).unwrap_err().status,
+        Status::InvalidArgument
+    );
     tier.shutdown();
-    assert_eq!(tier.lookup(1, &key(1)).unwrap_err().status, Status::ShutDown);
+    assert_eq!(
+        tier.lookup(1, &key(1)).unwrap_err().status,
+        Status::ShutDown
+    );
 }

@@ -53,7 +53,10 @@ impl Env {
         static LOCK: Mutex<()> = Mutex::new(());
         let lock = LOCK.lock().unwrap_or_else(|p| p.into_inner());
         install_logger();
-        let saved = AWS_VARS.iter().map(|&k| (k, std::env::var(k).ok())).collect();
+        let saved = AWS_VARS
+            .iter()
+            .map(|&k| (k, std::env::var(k).ok()))
+            .collect();
         for k in AWS_VARS {
             std::env::remove_var(k);
         }
@@ -137,10 +140,12 @@ fn round_trip(tier: &Tier) {
     let mut pool = Pool::new(4, BLOCK);
     pool.fill_random(17);
     pool.register(tier);
-    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[1, 2])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[1, 2]))
+        .unwrap();
     let r = wait_all(tier, 1).remove(&1).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
-    tier.submit(JobKind::Load, 2, &[3, 2], keys(&[1, 2])).unwrap();
+    tier.submit(JobKind::Load, 2, &[3, 2], keys(&[1, 2]))
+        .unwrap();
     let r = wait_all(tier, 1).remove(&2).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert!(pool.block(3) == pool.block(0) && pool.block(2) == pool.block(1));
@@ -151,28 +156,53 @@ fn environment_variables() {
     let srv = Server::s3s_fs();
     let home = tempfile::tempdir().unwrap();
     {
-        let _env = Env::with(&[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)], home.path());
+        let _env = Env::with(
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ],
+            home.path(),
+        );
         round_trip(&start_ok(&srv, keyless(&srv, &srv.new_bucket())));
     }
     {
-        let _env = Env::with(&[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", WRONG_SECRET)], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket())).err().expect("a wrong secret in the environment must fail");
+        let _env = Env::with(
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", WRONG_SECRET),
+            ],
+            home.path(),
+        );
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("a wrong secret in the environment must fail");
         assert_eq!(e.status, Status::Auth, "{}", e.message);
-        assert!(e.message.contains("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY environment variables"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY environment variables"),
+            "{}",
+            e.message
+        );
         assert_clean("the error", &e.message);
     }
     {
         // A session token from the environment rides along (x-amz-security-token, which
         // s3s-fs accepts and ignores) without breaking the signature.
         let _env = Env::with(
-            &[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY), ("AWS_SESSION_TOKEN", TOKEN)],
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+                ("AWS_SESSION_TOKEN", TOKEN),
+            ],
             home.path(),
         );
         round_trip(&start_ok(&srv, keyless(&srv, &srv.new_bucket())));
     }
     {
         let _env = Env::with(&[("AWS_ACCESS_KEY_ID", ACCESS_KEY)], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket())).err().expect("half a key pair must fail");
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("half a key pair must fail");
         assert_eq!(e.status, Status::Auth);
         assert!(e.message.contains("AWS_SECRET_ACCESS_KEY"), "{}", e.message);
     }
@@ -183,13 +213,22 @@ fn explicit_keys_beat_the_environment_which_beats_the_profile() {
     let srv = Server::s3s_fs();
     let home = tempfile::tempdir().unwrap();
     let creds = home.path().join("creds");
-    std::fs::write(&creds, format!("[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {WRONG_SECRET}\n"))
-        .unwrap();
+    std::fs::write(
+        &creds,
+        format!(
+            "[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {WRONG_SECRET}\n"
+        ),
+    )
+    .unwrap();
     let creds = creds.display().to_string();
     {
         // Wrong keys in the environment and the file; right keys in the configuration.
         let _env = Env::with(
-            &[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", WRONG_SECRET), ("AWS_SHARED_CREDENTIALS_FILE", &creds)],
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", WRONG_SECRET),
+                ("AWS_SHARED_CREDENTIALS_FILE", &creds),
+            ],
             home.path(),
         );
         round_trip(&start_ok(&srv, srv.store_json(&srv.new_bucket())));
@@ -197,7 +236,11 @@ fn explicit_keys_beat_the_environment_which_beats_the_profile() {
     {
         // Right keys in the environment, wrong ones in the file.
         let _env = Env::with(
-            &[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY), ("AWS_SHARED_CREDENTIALS_FILE", &creds)],
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+                ("AWS_SHARED_CREDENTIALS_FILE", &creds),
+            ],
             home.path(),
         );
         round_trip(&start_ok(&srv, keyless(&srv, &srv.new_bucket())));
@@ -205,9 +248,15 @@ fn explicit_keys_beat_the_environment_which_beats_the_profile() {
     {
         // Only the file, with the wrong secret: rejected, and the message names the profile.
         let _env = Env::with(&[("AWS_SHARED_CREDENTIALS_FILE", &creds)], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket())).err().expect("the profile's wrong secret must fail");
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("the profile's wrong secret must fail");
         assert_eq!(e.status, Status::Auth, "{}", e.message);
-        assert!(e.message.contains("profile [default]") && e.message.contains(&creds), "{}", e.message);
+        assert!(
+            e.message.contains("profile [default]") && e.message.contains(&creds),
+            "{}",
+            e.message
+        );
         assert_clean("the error", &e.message);
     }
 }
@@ -250,26 +299,38 @@ fn shared_files_and_aws_profile() {
         let file = other.path().join("c");
         std::fs::copy(aws.join("credentials"), &file).unwrap();
         let file = file.display().to_string();
-        let _env = Env::with(&[("AWS_PROFILE", "kvt"), ("AWS_SHARED_CREDENTIALS_FILE", &file)], other.path());
+        let _env = Env::with(
+            &[
+                ("AWS_PROFILE", "kvt"),
+                ("AWS_SHARED_CREDENTIALS_FILE", &file),
+            ],
+            other.path(),
+        );
         round_trip(&start_ok(&srv, keyless(&srv, &srv.new_bucket())));
     }
     {
         // The default profile holds the wrong secret.
         let _env = Env::with(&[], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket())).err().expect("default profile has a wrong secret");
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("default profile has a wrong secret");
         assert_eq!(e.status, Status::Auth, "{}", e.message);
         assert_clean("the error", &e.message);
     }
     {
         let _env = Env::with(&[("AWS_PROFILE", "nosuch")], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket())).err().expect("unknown profile");
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("unknown profile");
         assert_eq!(e.status, Status::Auth, "{}", e.message);
         assert!(e.message.contains("[nosuch]"), "{}", e.message);
     }
     {
         // SSO profiles are not resolved by kvtier: a clear error, not a silent IMDS call.
         let _env = Env::with(&[("AWS_PROFILE", "sso")], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket())).err().expect("sso profile");
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("sso profile");
         assert_eq!(e.status, Status::Auth, "{}", e.message);
         assert!(e.message.contains("sso_session"), "{}", e.message);
     }
@@ -280,10 +341,20 @@ fn no_credentials_anywhere_is_a_clear_error_without_network() {
     let srv = Server::s3s_fs();
     let home = tempfile::tempdir().unwrap();
     let _env = Env::with(&[], home.path());
-    let e = start(keyless(&srv, &srv.new_bucket())).err().expect("no credentials");
+    let e = start(keyless(&srv, &srv.new_bucket()))
+        .err()
+        .expect("no credentials");
     assert_eq!(e.status, Status::Auth, "{}", e.message);
-    assert!(e.message.contains("no S3 credentials found"), "{}", e.message);
-    assert!(e.message.contains("AWS_EC2_METADATA_DISABLED"), "{}", e.message);
+    assert!(
+        e.message.contains("no S3 credentials found"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("AWS_EC2_METADATA_DISABLED"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]
@@ -299,21 +370,36 @@ fn secrets_never_in_errors_debug_or_log() {
     assert_clean("Debug of the configuration", &format!("{config:?}"));
 
     // A probe failure with a wrong secret and a session token.
-    let store = with(with(srv.store_json(&srv.new_bucket()), "secret_key", json!(WRONG_SECRET)), "session_token", json!(TOKEN));
+    let store = with(
+        with(
+            srv.store_json(&srv.new_bucket()),
+            "secret_key",
+            json!(WRONG_SECRET),
+        ),
+        "session_token",
+        json!(TOKEN),
+    );
     let e = start(store).err().expect("wrong secret");
     assert_eq!(e.status, Status::Auth, "{}", e.message);
     assert_clean("the probe error", &e.message);
     assert_clean("Display of the error", &e.to_string());
 
     // Data-path failures: the server dies under a working tier.
-    let tier = start(with(srv.store_json(&srv.new_bucket()), "max_retries", json!(1))).unwrap();
+    let tier = start(with(
+        srv.store_json(&srv.new_bucket()),
+        "max_retries",
+        json!(1),
+    ))
+    .unwrap();
     assert_clean("Debug of the tier's store", &format!("{:?}", tier.store()));
     let mut pool = Pool::new(4, BLOCK);
     pool.fill_random(1);
     pool.register(&tier);
     srv.kill();
-    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[1, 2])).unwrap();
-    tier.submit(JobKind::Load, 2, &[2, 3], keys(&[1, 2])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[1, 2]))
+        .unwrap();
+    tier.submit(JobKind::Load, 2, &[2, 3], keys(&[1, 2]))
+        .unwrap();
     let results = wait_all(&tier, 2);
     for r in results.values() {
         assert!(!r.succeeded());
@@ -323,6 +409,9 @@ fn secrets_never_in_errors_debug_or_log() {
     drop(tier);
 
     let log = captured().lock().unwrap().clone();
-    assert!(!log.is_empty(), "the capturing logger saw nothing: the check would be vacuous");
+    assert!(
+        !log.is_empty(),
+        "the capturing logger saw nothing: the check would be vacuous"
+    );
     assert_clean("the log", &log);
 }

@@ -36,7 +36,11 @@ impl Rig {
 
     /// A tier talking to the server through the proxy.
     fn tier(&self, store_extra: serde_json::Value, top_extra: serde_json::Value) -> Tier {
-        let mut store = with(self.srv.store_json(&self.bucket), "endpoint_override", json!(self.proxy.endpoint()));
+        let mut store = with(
+            self.srv.store_json(&self.bucket),
+            "endpoint_override",
+            json!(self.proxy.endpoint()),
+        );
         for (k, v) in store_extra.as_object().unwrap() {
             store[k] = v.clone();
         }
@@ -51,7 +55,9 @@ impl Rig {
 
 /// A deterministic "1 in n" choice by request number (a hash of it, so faults spread).
 fn one_in(n: u64, salt: u64) -> impl Fn(&RequestInfo) -> bool {
-    move |r: &RequestInfo| r.seq > 0 && ((r.seq ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % n == 0
+    move |r: &RequestInfo| {
+        r.seq > 0 && ((r.seq ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % n == 0
+    }
 }
 
 /// Checks every successful load key against the block it was stored from.
@@ -59,7 +65,10 @@ fn assert_loaded_bytes(pool: &Pool, r: &JobResult, slots: &[u64], sources: &[u64
     assert_eq!(r.key_status.len(), slots.len(), "one status per key");
     for ((status, slot), source) in r.key_status.iter().zip(slots).zip(sources) {
         if status.is_ok() {
-            assert!(pool.block(*slot) == pool.block(*source), "key of block {source} succeeded with wrong bytes in slot {slot}");
+            assert!(
+                pool.block(*slot) == pool.block(*source),
+                "key of block {source} succeeded with wrong bytes in slot {slot}"
+            );
         }
     }
 }
@@ -74,7 +83,10 @@ fn one_percent_5xx_and_slowdown_all_jobs_succeed(srv: &Server) {
             Fault::Pass
         }
     });
-    let tier = rig.tier(json!({"max_retries": 4}), json!({"max_inflight_transfers": 16}));
+    let tier = rig.tier(
+        json!({"max_retries": 4}),
+        json!({"max_inflight_transfers": 16}),
+    );
     let mut pool = Pool::new(256, BLOCK);
     pool.fill_random(42);
     pool.register(&tier);
@@ -85,23 +97,37 @@ fn one_percent_5xx_and_slowdown_all_jobs_succeed(srv: &Server) {
     }
     let stores = wait_all(&tier, 32);
     for (id, r) in &stores {
-        assert_eq!(r.status, Status::Ok, "store job {id} failed despite retries: {}", r.message);
+        assert_eq!(
+            r.status,
+            Status::Ok,
+            "store job {id} failed despite retries: {}",
+            r.message
+        );
     }
     for job in 0..32u64 {
         let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
         let slots: Vec<u64> = ids.iter().map(|i| 255 - i).collect();
-        tier.submit(JobKind::Load, 100 + job, &slots, keys(&ids)).unwrap();
+        tier.submit(JobKind::Load, 100 + job, &slots, keys(&ids))
+            .unwrap();
     }
     let loads = wait_all(&tier, 32);
     for job in 0..32u64 {
         let r = &loads[&(100 + job)];
-        assert_eq!(r.status, Status::Ok, "load job {job} failed despite retries: {}", r.message);
+        assert_eq!(
+            r.status,
+            Status::Ok,
+            "load job {job} failed despite retries: {}",
+            r.message
+        );
         let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
         let slots: Vec<u64> = ids.iter().map(|i| 255 - i).collect();
         assert_loaded_bytes(&pool, r, &slots, &ids);
     }
     let stats = rig.proxy.stats();
-    assert!(stats.faults("status") >= 2, "too few faults injected to prove anything: {stats:?}");
+    assert!(
+        stats.faults("status") >= 2,
+        "too few faults injected to prove anything: {stats:?}"
+    );
     assert!(stats.requests >= 256, "{stats:?}");
 }
 
@@ -117,7 +143,10 @@ fn connection_resets_and_cut_bodies_are_retried(srv: &Server) {
             Fault::Pass
         }
     });
-    let tier = rig.tier(json!({"max_retries": 4}), json!({"max_inflight_transfers": 8}));
+    let tier = rig.tier(
+        json!({"max_retries": 4}),
+        json!({"max_inflight_transfers": 8}),
+    );
     let mut pool = Pool::new(128, BLOCK);
     pool.fill_random(5);
     pool.register(&tier);
@@ -131,7 +160,8 @@ fn connection_resets_and_cut_bodies_are_retried(srv: &Server) {
     for job in 0..16u64 {
         let ids: Vec<u64> = (job * 4..job * 4 + 4).collect();
         let slots: Vec<u64> = ids.iter().map(|i| 127 - i).collect();
-        tier.submit(JobKind::Load, 100 + job, &slots, keys(&ids)).unwrap();
+        tier.submit(JobKind::Load, 100 + job, &slots, keys(&ids))
+            .unwrap();
     }
     let loads = wait_all(&tier, 16);
     for job in 0..16u64 {
@@ -142,7 +172,10 @@ fn connection_resets_and_cut_bodies_are_retried(srv: &Server) {
         assert_loaded_bytes(&pool, r, &slots, &ids);
     }
     let stats = rig.proxy.stats();
-    assert!(stats.faults("drop_request") >= 1 && stats.faults("cut_response") >= 1, "{stats:?}");
+    assert!(
+        stats.faults("drop_request") >= 1 && stats.faults("cut_response") >= 1,
+        "{stats:?}"
+    );
 }
 
 fn truncated_bodies_fail_their_key_and_never_succeed(srv: &Server) {
@@ -151,7 +184,8 @@ fn truncated_bodies_fail_their_key_and_never_succeed(srv: &Server) {
     let mut pool = Pool::new(16, BLOCK);
     pool.fill_random(9);
     pool.register(&tier);
-    tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&[0, 1, 2, 3])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&[0, 1, 2, 3]))
+        .unwrap();
     assert!(wait_all(&tier, 1)[&1].succeeded());
     let short = tier.layout().object_name(&key(1)).unwrap();
     let cut = tier.layout().object_name(&key(2)).unwrap();
@@ -168,46 +202,86 @@ fn truncated_bodies_fail_their_key_and_never_succeed(srv: &Server) {
     });
     let slots = [8, 9, 10, 11];
     let started = Instant::now();
-    tier.submit(JobKind::Load, 2, &slots, keys(&[0, 1, 2, 3])).unwrap();
+    tier.submit(JobKind::Load, 2, &slots, keys(&[0, 1, 2, 3]))
+        .unwrap();
     let r = wait_all(&tier, 1).remove(&2).unwrap();
     assert_eq!(r.key_status[0], Status::Ok, "{}", r.message);
-    assert_eq!(r.key_status[1], Status::LengthMismatch, "a short body must be a length mismatch: {}", r.message);
-    assert!(!r.key_status[2].is_ok(), "a body cut on every attempt must fail: {}", r.message);
+    assert_eq!(
+        r.key_status[1],
+        Status::LengthMismatch,
+        "a short body must be a length mismatch: {}",
+        r.message
+    );
+    assert!(
+        !r.key_status[2].is_ok(),
+        "a body cut on every attempt must fail: {}",
+        r.message
+    );
     assert_eq!(r.key_status[3], Status::Ok, "{}", r.message);
     assert_eq!(r.bytes, 2 * BLOCK as u64);
     assert_loaded_bytes(&pool, &r, &slots, &[0, 1, 2, 3]);
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
     let stats = rig.proxy.stats();
-    assert_eq!(stats.faults("short_response"), 1, "a clean short answer is not retried: {stats:?}");
-    assert!(stats.faults("cut_response") >= 3, "a cut body is retried (1 + 2 retries): {stats:?}");
+    assert_eq!(
+        stats.faults("short_response"),
+        1,
+        "a clean short answer is not retried: {stats:?}"
+    );
+    assert!(
+        stats.faults("cut_response") >= 3,
+        "a cut body is retried (1 + 2 retries): {stats:?}"
+    );
 }
 
 fn slow_server_times_out_without_hanging(srv: &Server) {
     let rig = Front::new(srv);
-    let tier = rig.tier(json!({"max_retries": 1, "request_timeout_ms": 400}), json!({}));
+    let tier = rig.tier(
+        json!({"max_retries": 1, "request_timeout_ms": 400}),
+        json!({}),
+    );
     let mut pool = Pool::new(8, BLOCK);
     pool.fill_random(4);
     pool.register(&tier);
-    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[0, 1])).unwrap();
+    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[0, 1]))
+        .unwrap();
     assert!(wait_all(&tier, 1)[&1].succeeded());
 
     rig.proxy.set_rule(|_| Fault::Delay(Duration::from_secs(4)));
     let started = Instant::now();
-    tier.submit(JobKind::Load, 2, &[4, 5], keys(&[0, 1])).unwrap();
-    tier.submit(JobKind::Store, 3, &[2, 3], keys(&[2, 3])).unwrap();
+    tier.submit(JobKind::Load, 2, &[4, 5], keys(&[0, 1]))
+        .unwrap();
+    tier.submit(JobKind::Store, 3, &[2, 3], keys(&[2, 3]))
+        .unwrap();
     let results = wait_all(&tier, 2);
     let elapsed = started.elapsed();
     for (id, r) in &results {
-        assert!(!r.succeeded(), "job {id} succeeded against a server slower than the timeout");
-        assert!(r.key_status.iter().all(|s| *s == Status::Timeout), "job {id}: {:?} {}", r.key_status, r.message);
-        assert!(r.message.contains("timed out") || r.message.contains("imeout"), "{}", r.message);
+        assert!(
+            !r.succeeded(),
+            "job {id} succeeded against a server slower than the timeout"
+        );
+        assert!(
+            r.key_status.iter().all(|s| *s == Status::Timeout),
+            "job {id}: {:?} {}",
+            r.key_status,
+            r.message
+        );
+        assert!(
+            r.message.contains("timed out") || r.message.contains("imeout"),
+            "{}",
+            r.message
+        );
     }
     // Bounded by the timeouts, not by the server: two 0.4 s attempts plus backoff.
     assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
 
     // The same tier works again once the server is fast.
     rig.proxy.set_rule(|_| Fault::Pass);
-    tier.submit(JobKind::Load, 4, &[6, 7], keys(&[0, 1])).unwrap();
+    tier.submit(JobKind::Load, 4, &[6, 7], keys(&[0, 1]))
+        .unwrap();
     let r = wait_all(&tier, 1).remove(&4).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert_loaded_bytes(&pool, &r, &[6, 7], &[0, 1]);
@@ -225,32 +299,56 @@ fn server_killed_mid_job_then_restarted() {
     pool.register(&tier);
     // Every request takes 150 ms: a 32-key job needs 8 rounds of 4, so a kill once the
     // fifth PUT has reached the proxy lands mid-job whatever the machine's load.
-    rig.proxy.set_rule(|_| Fault::Delay(Duration::from_millis(150)));
+    rig.proxy
+        .set_rule(|_| Fault::Delay(Duration::from_millis(150)));
     let ids: Vec<u64> = (0..32).collect();
     let puts = || rig.proxy.stats().by_method.get("PUT").copied().unwrap_or(0);
     let puts_before = puts();
     tier.submit(JobKind::Store, 1, &ids, keys(&ids)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while puts() < puts_before + 5 {
-        assert!(Instant::now() < deadline, "the store job never reached the server");
+        assert!(
+            Instant::now() < deadline,
+            "the store job never reached the server"
+        );
         std::thread::sleep(Duration::from_millis(1)); // a polling interval, not a wait for the job
     }
     rig.srv.kill();
     rig.proxy.close_connections();
     // A job submitted while the server is down fails too, per key.
-    tier.submit(JobKind::Load, 2, &[100, 101], keys(&[0, 1])).unwrap();
+    tier.submit(JobKind::Load, 2, &[100, 101], keys(&[0, 1]))
+        .unwrap();
     let results = wait_all(&tier, 2);
     let store = &results[&1];
     assert_eq!(store.key_status.len(), 32);
-    let failed: Vec<u64> = ids.iter().copied().filter(|&i| !store.key_status[i as usize].is_ok()).collect();
-    assert!(!failed.is_empty(), "the kill landed after the job: {:?}", store.key_status);
+    let failed: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|&i| !store.key_status[i as usize].is_ok())
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "the kill landed after the job: {:?}",
+        store.key_status
+    );
     assert!(!store.succeeded());
     for s in &store.key_status {
-        assert!(matches!(s, Status::Ok | Status::Io | Status::Connect | Status::Timeout), "unexpected key status {s:?}: {}", store.message);
+        assert!(
+            matches!(
+                s,
+                Status::Ok | Status::Io | Status::Connect | Status::Timeout
+            ),
+            "unexpected key status {s:?}: {}",
+            store.message
+        );
     }
     assert_eq!(store.bytes, (32 - failed.len()) as u64 * BLOCK as u64);
     let down = &results[&2];
-    assert!(down.key_status.iter().all(|s| !s.is_ok()), "{:?}", down.key_status);
+    assert!(
+        down.key_status.iter().all(|s| !s.is_ok()),
+        "{:?}",
+        down.key_status
+    );
 
     // Restart the server (same data, new port behind the same proxy): later jobs succeed.
     rig.restart_server();
@@ -263,15 +361,25 @@ fn server_killed_mid_job_then_restarted() {
     for (i, s) in r.key_status.iter().enumerate() {
         *outcome.entry(*s).or_default() += 1;
         if store.key_status[i].is_ok() {
-            assert_eq!(*s, Status::Ok, "key {i} was reported stored but does not load: {}", r.message);
+            assert_eq!(
+                *s,
+                Status::Ok,
+                "key {i} was reported stored but does not load: {}",
+                r.message
+            );
         } else {
             // A failed store either never landed or landed whole (PUTs are atomic).
-            assert!(matches!(s, Status::Ok | Status::NotFound), "key {i}: {s:?}: {}", r.message);
+            assert!(
+                matches!(s, Status::Ok | Status::NotFound),
+                "key {i}: {s:?}: {}",
+                r.message
+            );
         }
     }
     assert_loaded_bytes(&pool, &r, &slots, &ids);
     // Storing the failed keys again works, and then every key loads.
-    tier.submit(JobKind::Store, 4, &failed, keys(&failed)).unwrap();
+    tier.submit(JobKind::Store, 4, &failed, keys(&failed))
+        .unwrap();
     let r = wait_all(&tier, 1).remove(&4).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     pool.mem[64 * BLOCK..96 * BLOCK].fill(0);
@@ -296,7 +404,10 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
     assert!(wait_all(&tier, 1)[&1].succeeded());
     let seen = std::sync::Mutex::new(std::collections::HashSet::new());
     rig.proxy.set_rule(move |r| {
-        let first = seen.lock().unwrap().insert((r.method.clone(), r.path.clone()));
+        let first = seen
+            .lock()
+            .unwrap()
+            .insert((r.method.clone(), r.path.clone()));
         if first && (r.method == "GET" || r.method == "HEAD") && r.path.ends_with(".bin") {
             Fault::Status(503)
         } else {
@@ -309,13 +420,24 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
     assert_eq!(r.key_status, vec![Status::Ok; 6], "{}", r.message);
     assert_loaded_bytes(&pool, &r, &slots, &ids);
     let stats = tier.stats();
-    assert_eq!((stats.direct_requests, stats.direct_fallbacks), (6, 6), "{stats:?}");
+    assert_eq!(
+        (stats.direct_requests, stats.direct_fallbacks),
+        (6, 6),
+        "{stats:?}"
+    );
 
-    let answers: Vec<_> = [0u64, 1, 40].iter().map(|&i| resolve_lookup(&tier, 9, &key(i))).collect();
+    let answers: Vec<_> = [0u64, 1, 40]
+        .iter()
+        .map(|&i| resolve_lookup(&tier, 9, &key(i)))
+        .collect();
     use kvtier::LookupResult::{Hit, Miss};
     assert_eq!(answers, vec![Hit, Hit, Miss]);
     let stats = tier.stats();
-    assert_eq!((stats.direct_requests, stats.direct_fallbacks), (9, 9), "{stats:?}");
+    assert_eq!(
+        (stats.direct_requests, stats.direct_fallbacks),
+        (9, 9),
+        "{stats:?}"
+    );
 
     // A missing key: the direct GET's 404 is the answer.
     rig.proxy.set_rule(|_| Fault::Pass);
@@ -323,7 +445,11 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
     tier.submit(JobKind::Load, 3, &[15], keys(&[41])).unwrap();
     let r = wait_all(&tier, 1).remove(&3).unwrap();
     assert_eq!(r.key_status, vec![Status::NotFound], "{}", r.message);
-    assert_eq!(rig.proxy.stats().requests - before, 1, "a 404 is not asked twice");
+    assert_eq!(
+        rig.proxy.stats().requests - before,
+        1,
+        "a 404 is not asked twice"
+    );
     assert_eq!(tier.stats().direct_fallbacks, 9);
 }
 
@@ -346,7 +472,11 @@ impl<'a> Front<'a> {
 
     /// The `store` section through the proxy, with `extra` keys set.
     fn store(&self, extra: serde_json::Value) -> serde_json::Value {
-        let mut store = with(self.srv.store_json(&self.bucket), "endpoint_override", json!(self.proxy.endpoint()));
+        let mut store = with(
+            self.srv.store_json(&self.bucket),
+            "endpoint_override",
+            json!(self.proxy.endpoint()),
+        );
         for (k, v) in extra.as_object().unwrap() {
             store[k] = v.clone();
         }
@@ -363,7 +493,10 @@ impl<'a> Front<'a> {
 fn first_of_each_object(method: &'static str, fault: Fault) -> impl Fn(&RequestInfo) -> Fault {
     let seen = std::sync::Mutex::new(std::collections::HashSet::new());
     move |r: &RequestInfo| {
-        if r.method == method && r.path.contains(".bin") && seen.lock().unwrap().insert(r.path.clone()) {
+        if r.method == method
+            && r.path.contains(".bin")
+            && seen.lock().unwrap().insert(r.path.clone())
+        {
             fault
         } else {
             Fault::Pass
@@ -390,7 +523,10 @@ fn interrupted_puts_are_retried_in_every_dedup_mode(srv: &Server) {
     for (case, (mode, fault)) in cases.into_iter().enumerate() {
         let what = format!("{} dedup={mode} fault={fault:?}", srv.name());
         front.proxy.set_rule(|_| Fault::Pass);
-        let tier = front.tier(json!({"max_retries": 3, "request_timeout_ms": 1000}), json!({"dedup": mode}));
+        let tier = front.tier(
+            json!({"max_retries": 3, "request_timeout_ms": 1000}),
+            json!({"dedup": mode}),
+        );
         let mut pool = Pool::new(64, BLOCK);
         pool.fill_random(100 + case as u64);
         pool.register(&tier);
@@ -400,14 +536,23 @@ fn interrupted_puts_are_retried_in_every_dedup_mode(srv: &Server) {
         for job in 0..8u64 {
             let blocks = [job * 2, job * 2 + 1];
             let ks = [ids[blocks[0] as usize], ids[blocks[1] as usize]];
-            tier.submit(JobKind::Store, job, &blocks, keys(&ks)).unwrap();
+            tier.submit(JobKind::Store, job, &blocks, keys(&ks))
+                .unwrap();
         }
         for (id, r) in wait_all(&tier, 8) {
-            assert_eq!(r.key_status, vec![Status::Ok; 2], "{what}: store job {id}: {}", r.message);
+            assert_eq!(
+                r.key_status,
+                vec![Status::Ok; 2],
+                "{what}: store job {id}: {}",
+                r.message
+            );
         }
         let stats = tier.stats();
         assert_eq!(stats.keys_stored, 16, "{what}: {stats:?}");
-        assert!(front.proxy.stats().requests - faults_before >= 32, "{what}: every key needed a second PUT");
+        assert!(
+            front.proxy.stats().requests - faults_before >= 32,
+            "{what}: every key needed a second PUT"
+        );
         if mode == "conditional" && fault == Fault::DropResponse {
             // The server stored every block before the reset: every repeat finds it.
             assert_eq!(stats.dedup_already_stored, 16, "{what}: {stats:?}");
@@ -432,36 +577,67 @@ fn in_transit_corruption_never_deletes(srv: &Server) {
     for (run, direct) in [(0u64, true), (1, false)] {
         let what = format!("{} direct_http={direct}", srv.name());
         front.proxy.set_rule(|_| Fault::Pass);
-        let tier = front.tier(json!({"direct_http": direct}), json!({"on_corrupt": "fail_and_delete"}));
+        let tier = front.tier(
+            json!({"direct_http": direct}),
+            json!({"on_corrupt": "fail_and_delete"}),
+        );
         let mut pool = Pool::new(16, BLOCK);
         pool.fill_random(200 + run);
         pool.register(&tier);
         let ids: Vec<u64> = (0..4).map(|i| 300 + run * 10 + i).collect();
-        tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&ids)).unwrap();
+        tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&ids))
+            .unwrap();
         assert!(wait_all(&tier, 1)[&1].succeeded(), "{what}");
         let corrupted_before = front.proxy.stats().faults("corrupt_body");
-        front.proxy.set_rule(first_of_each_object("GET", Fault::CorruptBody));
-        tier.submit(JobKind::Load, 2, &[8, 9, 10, 11], keys(&ids)).unwrap();
+        front
+            .proxy
+            .set_rule(first_of_each_object("GET", Fault::CorruptBody));
+        tier.submit(JobKind::Load, 2, &[8, 9, 10, 11], keys(&ids))
+            .unwrap();
         let r = wait_all(&tier, 1).remove(&2).unwrap();
         assert_eq!(r.key_status, vec![Status::Ok; 4], "{what}: {}", r.message);
         assert_loaded_bytes(&pool, &r, &[8, 9, 10, 11], &[0, 1, 2, 3]);
-        assert_eq!(front.proxy.stats().faults("corrupt_body") - corrupted_before, 4, "{what}");
+        assert_eq!(
+            front.proxy.stats().faults("corrupt_body") - corrupted_before,
+            4,
+            "{what}"
+        );
         assert_eq!(tier.stats().corrupt_blocks, 0, "{what}: {:?}", tier.stats());
         let direct_store = front.srv.store_json(&front.bucket);
         for (i, id) in ids.iter().enumerate() {
             let name = tier.layout().object_name(&key(*id)).unwrap();
-            assert_eq!(oob_get(&direct_store, &name).as_deref(), Some(pool.block(i as u64)), "{what}: object {name}");
+            assert_eq!(
+                oob_get(&direct_store, &name).as_deref(),
+                Some(pool.block(i as u64)),
+                "{what}: object {name}"
+            );
         }
         // Every read corrupted, each one elsewhere: the keys fail, and still nothing is
         // deleted (two reads with different bytes are not corruption in the store).
-        front.proxy.set_rule(|r| if r.method == "GET" && r.path.contains(".bin") { Fault::CorruptBody } else { Fault::Pass });
-        tier.submit(JobKind::Load, 3, &[12, 13, 14, 15], keys(&ids)).unwrap();
+        front.proxy.set_rule(|r| {
+            if r.method == "GET" && r.path.contains(".bin") {
+                Fault::CorruptBody
+            } else {
+                Fault::Pass
+            }
+        });
+        tier.submit(JobKind::Load, 3, &[12, 13, 14, 15], keys(&ids))
+            .unwrap();
         let r = wait_all(&tier, 1).remove(&3).unwrap();
-        assert_eq!(r.key_status, vec![Status::Corrupt; 4], "{what}: {}", r.message);
+        assert_eq!(
+            r.key_status,
+            vec![Status::Corrupt; 4],
+            "{what}: {}",
+            r.message
+        );
         front.proxy.set_rule(|_| Fault::Pass);
         for (i, id) in ids.iter().enumerate() {
             let name = tier.layout().object_name(&key(*id)).unwrap();
-            assert_eq!(oob_get(&direct_store, &name).as_deref(), Some(pool.block(i as u64)), "{what}: object {name} deleted");
+            assert_eq!(
+                oob_get(&direct_store, &name).as_deref(),
+                Some(pool.block(i as u64)),
+                "{what}: object {name} deleted"
+            );
         }
     }
 }
@@ -479,7 +655,8 @@ fn server_ignoring_range(srv: &Server) {
         pool.fill_random(400 + run);
         pool.register(&tier);
         let ids: Vec<u64> = (0..3).map(|i| 500 + run * 10 + i).collect();
-        tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&ids)).unwrap();
+        tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&ids))
+            .unwrap();
         assert!(wait_all(&tier, 1)[&1].succeeded(), "{what}");
         let short = tier.layout().object_name(&key(ids[2])).unwrap();
         front.proxy.set_rule(move |r| match r.method.as_str() {
@@ -487,11 +664,21 @@ fn server_ignoring_range(srv: &Server) {
             "GET" => Fault::IgnoreRange,
             _ => Fault::Pass,
         });
-        tier.submit(JobKind::Load, 2, &[8, 9, 10], keys(&ids)).unwrap();
+        tier.submit(JobKind::Load, 2, &[8, 9, 10], keys(&ids))
+            .unwrap();
         let r = wait_all(&tier, 1).remove(&2).unwrap();
-        assert_eq!(r.key_status, vec![Status::Ok, Status::Ok, Status::LengthMismatch], "{what}: {}", r.message);
+        assert_eq!(
+            r.key_status,
+            vec![Status::Ok, Status::Ok, Status::LengthMismatch],
+            "{what}: {}",
+            r.message
+        );
         assert_loaded_bytes(&pool, &r, &[8, 9, 10], &[0, 1, 2]);
-        assert_eq!(front.proxy.stats().faults("short_200"), run + 1, "{what}: a clean short answer is asked once");
+        assert_eq!(
+            front.proxy.stats().faults("short_200"),
+            run + 1,
+            "{what}: a clean short answer is asked once"
+        );
         let stats = tier.stats();
         assert_eq!(stats.direct_fallbacks, 0, "{what}: {stats:?}");
     }
@@ -527,12 +714,19 @@ struct Cell {
 /// `fault`; the rest pass.
 fn half_of(method: &'static str, fault: Fault, salt: u64) -> impl Fn(&RequestInfo) -> Fault {
     let pick = one_in(2, salt);
-    move |r: &RequestInfo| if r.method == method && r.path.contains(".bin") && pick(r) { fault } else { Fault::Pass }
+    move |r: &RequestInfo| {
+        if r.method == method && r.path.contains(".bin") && pick(r) {
+            fault
+        } else {
+            Fault::Pass
+        }
+    }
 }
 
 /// Every result of `n` jobs numbered `first..first + n`: lost and duplicated ones counted.
 fn collect(tier: &Tier, first: u64, n: u64, cell: &mut Cell) -> HashMap<u64, JobResult> {
-    tier.drain(Duration::from_secs(300)).expect("jobs did not finish within 300 s");
+    tier.drain(Duration::from_secs(300))
+        .expect("jobs did not finish within 300 s");
     let mut seen = HashMap::new();
     for r in tier.poll(usize::MAX) {
         let id = r.job_id;
@@ -540,7 +734,9 @@ fn collect(tier: &Tier, first: u64, n: u64, cell: &mut Cell) -> HashMap<u64, Job
             cell.duplicated += 1;
         }
     }
-    cell.lost += (first..first + n).filter(|id| !seen.contains_key(id)).count() as u64;
+    cell.lost += (first..first + n)
+        .filter(|id| !seen.contains_key(id))
+        .count() as u64;
     seen
 }
 
@@ -582,7 +778,8 @@ fn fault_matrix() {
         ("500", Fault::Status(500)),
         ("503 SlowDown", Fault::Status(503)),
     ];
-    let store_extra = |direct: bool| json!({"max_retries": 3, "request_timeout_ms": 1000, "direct_http": direct});
+    let store_extra =
+        |direct: bool| json!({"max_retries": 3, "request_timeout_ms": 1000, "direct_http": direct});
     let mut rows: Vec<(String, &str, &str, Cell)> = Vec::new();
     let mut salt = 0u64;
     let mut base = 0u64;
@@ -590,7 +787,10 @@ fn fault_matrix() {
         for mode in ["conditional", "skip_known"] {
             salt += 1;
             base += 1000;
-            let mut cell = Cell { jobs: N, ..Default::default() };
+            let mut cell = Cell {
+                jobs: N,
+                ..Default::default()
+            };
             front.proxy.set_rule(|_| Fault::Pass);
             let tier = front.tier(store_extra(true), json!({"dedup": mode}));
             let mut pool = Pool::new(N, BLOCK);
@@ -598,7 +798,8 @@ fn fault_matrix() {
             pool.register(&tier);
             front.proxy.set_rule(half_of("PUT", fault, salt));
             for i in 0..N {
-                tier.submit(JobKind::Store, i, &[i], keys(&[base + i])).unwrap();
+                tier.submit(JobKind::Store, i, &[i], keys(&[base + i]))
+                    .unwrap();
             }
             let results = collect(&tier, 0, N, &mut cell);
             front.proxy.set_rule(|_| Fault::Pass);
@@ -612,14 +813,26 @@ fn fault_matrix() {
                     }
                 }
             }
-            rows.push((name.to_string(), if mode == "conditional" { "store (conditional)" } else { "store (skip_known)" }, "general", cell));
+            rows.push((
+                name.to_string(),
+                if mode == "conditional" {
+                    "store (conditional)"
+                } else {
+                    "store (skip_known)"
+                },
+                "general",
+                cell,
+            ));
         }
     }
     for (name, fault) in load_faults {
         for direct in [true, false] {
             salt += 1;
             base += 1000;
-            let mut cell = Cell { jobs: N, ..Default::default() };
+            let mut cell = Cell {
+                jobs: N,
+                ..Default::default()
+            };
             front.proxy.set_rule(|_| Fault::Pass);
             let tier = front.tier(store_extra(direct), json!({}));
             let mut pool = Pool::new(2 * N, BLOCK);
@@ -628,10 +841,14 @@ fn fault_matrix() {
             let ids: Vec<u64> = (0..N).collect();
             let stored: Vec<u64> = ids.iter().map(|i| base + i).collect();
             tier.submit(JobKind::Store, 0, &ids, keys(&stored)).unwrap();
-            assert!(wait_all(&tier, 1)[&0].succeeded(), "{name}: setup store failed");
+            assert!(
+                wait_all(&tier, 1)[&0].succeeded(),
+                "{name}: setup store failed"
+            );
             front.proxy.set_rule(half_of("GET", fault, salt));
             for i in 0..N {
-                tier.submit(JobKind::Load, 1 + i, &[N + i], keys(&[base + i])).unwrap();
+                tier.submit(JobKind::Load, 1 + i, &[N + i], keys(&[base + i]))
+                    .unwrap();
             }
             for (id, r) in collect(&tier, 1, N, &mut cell) {
                 if r.succeeded() {
@@ -641,14 +858,22 @@ fn fault_matrix() {
                     }
                 }
             }
-            rows.push((name.to_string(), "load", if direct { "direct" } else { "general" }, cell));
+            rows.push((
+                name.to_string(),
+                "load",
+                if direct { "direct" } else { "general" },
+                cell,
+            ));
         }
     }
     for (name, fault) in lookup_faults {
         for direct in [true, false] {
             salt += 1;
             base += 1000;
-            let mut cell = Cell { jobs: N, ..Default::default() };
+            let mut cell = Cell {
+                jobs: N,
+                ..Default::default()
+            };
             front.proxy.set_rule(|_| Fault::Pass);
             let tier = front.tier(store_extra(direct), json!({}));
             let mut pool = Pool::new(N, BLOCK);
@@ -657,8 +882,12 @@ fn fault_matrix() {
             // Even keys are stored, odd ones are not.
             let present: Vec<u64> = (0..N).step_by(2).map(|i| base + i).collect();
             let blocks: Vec<u64> = (0..present.len() as u64).collect();
-            tier.submit(JobKind::Store, 0, &blocks, keys(&present)).unwrap();
-            assert!(wait_all(&tier, 1)[&0].succeeded(), "{name}: setup store failed");
+            tier.submit(JobKind::Store, 0, &blocks, keys(&present))
+                .unwrap();
+            assert!(
+                wait_all(&tier, 1)[&0].succeeded(),
+                "{name}: setup store failed"
+            );
             // A fresh tier, so that no key is known from the store.
             drop(tier);
             let tier = front.tier(store_extra(direct), json!({}));
@@ -679,7 +908,12 @@ fn fault_matrix() {
                     cell.recovered += 1;
                 }
             }
-            rows.push((name.to_string(), "lookup", if direct { "direct" } else { "general" }, cell));
+            rows.push((
+                name.to_string(),
+                "lookup",
+                if direct { "direct" } else { "general" },
+                cell,
+            ));
         }
     }
     let mut table = String::from(
@@ -697,11 +931,19 @@ fn fault_matrix() {
     std::fs::write(out.join("fault-matrix.md"), &table).unwrap();
     println!("{table}");
     for (fault, op, path, c) in &rows {
-        assert_eq!((c.wrong, c.lost, c.duplicated), (0, 0, 0), "{fault} / {op} / {path}\n{table}");
+        assert_eq!(
+            (c.wrong, c.lost, c.duplicated),
+            (0, 0, 0),
+            "{fault} / {op} / {path}\n{table}"
+        );
     }
     // Interrupted conditional PUTs are repeated like overwriting ones.
     for pair in rows.chunks(2).take(store_faults.len()) {
         let (conditional, skip_known) = (&pair[0].3, &pair[1].3);
-        assert!(conditional.recovered + N / 4 >= skip_known.recovered, "{}: conditional stores recover less\n{table}", pair[0].0);
+        assert!(
+            conditional.recovered + N / 4 >= skip_known.recovered,
+            "{}: conditional stores recover less\n{table}",
+            pair[0].0
+        );
     }
 }

@@ -5,9 +5,9 @@
 #[macro_use]
 mod support;
 
+use kvtier::store::object_path;
 use kvtier::{JobKind, LookupResult, Status, Tier};
 use object_store::path::Path;
-use kvtier::store::object_path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
 use support::proxy::{Fault, Proxy};
@@ -36,9 +36,18 @@ fn checksum_round_trips_as_metadata(srv: &Server) {
     let recorded = block_on(async {
         let s = oob_store(&store).client().clone();
         let got = s.get(&Path::from(name.as_str())).await.unwrap();
-        got.attributes.get(&object_store::Attribute::Metadata(kvtier::CRC_METADATA.into())).map(|v| v.to_string())
+        got.attributes
+            .get(&object_store::Attribute::Metadata(
+                kvtier::CRC_METADATA.into(),
+            ))
+            .map(|v| v.to_string())
     });
-    assert_eq!(recorded, Some(format!("{:08x}", crc32c::crc32c(pool.block(0)))), "{}", srv.name());
+    assert_eq!(
+        recorded,
+        Some(format!("{:08x}", crc32c::crc32c(pool.block(0)))),
+        "{}",
+        srv.name()
+    );
     // The object's bytes are the block's bytes, unchanged: vLLM's tier can read them.
     assert_eq!(oob_get(&store, &name).unwrap(), pool.block(0));
 }
@@ -63,7 +72,11 @@ fn tampered_object_fails_only_its_key(srv: &Server) {
             let mut bytes = got.bytes().await.unwrap().to_vec();
             bytes[BLOCK / 2] ^= 0x40;
             let options = object_store::PutOptions {
-                attributes: if keep_metadata { attributes } else { Default::default() },
+                attributes: if keep_metadata {
+                    attributes
+                } else {
+                    Default::default()
+                },
                 ..Default::default()
             };
             s.put_opts(&path, bytes.into(), options).await.unwrap();
@@ -83,7 +96,11 @@ fn tampered_object_fails_only_its_key(srv: &Server) {
         let before = tier.stats().existence_checks;
         assert_eq!(resolve_lookup(&tier, 77, &key(2)), LookupResult::Miss);
         assert_eq!(resolve_lookup(&tier, 77, &key(1)), LookupResult::Hit);
-        assert_eq!(tier.stats().existence_checks, before + 1, "only key 1 was asked");
+        assert_eq!(
+            tier.stats().existence_checks,
+            before + 1,
+            "only key 1 was asked"
+        );
     }
 }
 
@@ -108,23 +125,60 @@ fn corrupt_key_turns_miss_and_next_store_repairs_it(srv: &Server) {
         let attributes = got.attributes.clone();
         let mut bytes = got.bytes().await.unwrap().to_vec();
         bytes[7] ^= 0x01;
-        s.put_opts(&path, bytes.into(), object_store::PutOptions { attributes, ..Default::default() }).await.unwrap();
+        s.put_opts(
+            &path,
+            bytes.into(),
+            object_store::PutOptions {
+                attributes,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     });
     let r = run(&tier, JobKind::Load, 2, &[4, 5], &[21, 22]);
-    assert_eq!(r.key_status, vec![Status::Corrupt, Status::Ok], "{}: {}", srv.name(), r.message);
+    assert_eq!(
+        r.key_status,
+        vec![Status::Corrupt, Status::Ok],
+        "{}: {}",
+        srv.name(),
+        r.message
+    );
     assert_eq!(tier.stats().corrupt_blocks, 1);
-    assert_eq!(tier.lookup(5, &key(21)).unwrap(), LookupResult::Miss, "the request that held HIT");
+    assert_eq!(
+        tier.lookup(5, &key(21)).unwrap(),
+        LookupResult::Miss,
+        "the request that held HIT"
+    );
     let checks = tier.stats().existence_checks;
     for request in [6, 7] {
-        assert_eq!(resolve_lookup(&tier, request, &key(21)), LookupResult::Miss, "{}: request {request}", srv.name());
+        assert_eq!(
+            resolve_lookup(&tier, request, &key(21)),
+            LookupResult::Miss,
+            "{}: request {request}",
+            srv.name()
+        );
     }
-    assert_eq!(tier.stats().existence_checks, checks, "a key known corrupt is not asked for");
+    assert_eq!(
+        tier.stats().existence_checks,
+        checks,
+        "a key known corrupt is not asked for"
+    );
     // The next store rewrites the object.
     let before = tier.stats();
     assert!(run(&tier, JobKind::Store, 3, &[0], &[21]).succeeded());
     let after = tier.stats();
-    assert_eq!((after.dedup_known, after.dedup_already_stored), (before.dedup_known, before.dedup_already_stored), "{after:?}");
-    assert_eq!(oob_get(&store, &name).as_deref(), Some(pool.block(0)), "{}: the object was not repaired", srv.name());
+    assert_eq!(
+        (after.dedup_known, after.dedup_already_stored),
+        (before.dedup_known, before.dedup_already_stored),
+        "{after:?}"
+    );
+    assert_eq!(
+        oob_get(&store, &name).as_deref(),
+        Some(pool.block(0)),
+        "{}: the object was not repaired",
+        srv.name()
+    );
     let r = run(&tier, JobKind::Load, 4, &[6], &[21]);
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert_eq!(pool.block(6), pool.block(0));
@@ -147,8 +201,15 @@ fn fail_and_delete_removes_corrupt_object(srv: &Server) {
     assert!(run(&tier, JobKind::Store, 1, &[0], &[4]).succeeded());
     let name = tier.layout().object_name(&key(4)).unwrap();
     oob_put(&store, &name, vec![0u8; BLOCK]);
-    assert_eq!(run(&tier, JobKind::Load, 2, &[1], &[4]).status, Status::Corrupt);
-    assert!(oob_get(&store, &name).is_none(), "{}: corrupt object not deleted", srv.name());
+    assert_eq!(
+        run(&tier, JobKind::Load, 2, &[1], &[4]).status,
+        Status::Corrupt
+    );
+    assert!(
+        oob_get(&store, &name).is_none(),
+        "{}: corrupt object not deleted",
+        srv.name()
+    );
     assert!(run(&tier, JobKind::Store, 3, &[0], &[4]).succeeded());
     assert!(run(&tier, JobKind::Load, 4, &[2], &[4]).succeeded());
     assert_eq!(pool.block(2), pool.block(0));
@@ -165,14 +226,21 @@ fn other_block_size_fails_by_length(srv: &Server) {
     let b = start(store, json!({}));
     let mut pb = Pool::new(2, BLOCK * 2);
     pb.register(&b);
-    assert_eq!(run(&b, JobKind::Load, 1, &[1], &[6]).status, Status::LengthMismatch);
+    assert_eq!(
+        run(&b, JobKind::Load, 1, &[1], &[6]).status,
+        Status::LengthMismatch
+    );
 }
 
 /// N stores of one key from two tier instances, through a counting proxy: one upload.
 fn dedup_uploads_once_across_tiers(srv: &Server) {
     let bucket = srv.new_bucket();
     let proxy = Proxy::start(srv.port());
-    let store = with(srv.store_json(&bucket), "endpoint_override", json!(proxy.endpoint()));
+    let store = with(
+        srv.store_json(&bucket),
+        "endpoint_override",
+        json!(proxy.endpoint()),
+    );
     let name = {
         let probe = start(store.clone(), json!({}));
         probe.layout().object_name(&key(9)).unwrap()
@@ -210,7 +278,6 @@ fn dedup_uploads_once_across_tiers(srv: &Server) {
     assert_eq!(puts, 1 + sb.dedup_already_stored, "{}: {sb:?}", srv.name());
     assert_eq!(oob_get(&store, &name).unwrap(), pa.block(0));
 }
-
 
 on_both_servers!(
     checksum_round_trips_as_metadata,

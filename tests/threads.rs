@@ -27,7 +27,10 @@ fn file_io_threads_bound_the_tier_under_load() {
     });
     let tier = Tier::from_json(&config.to_string()).unwrap();
     let mut mem = vec![7u8; BLOCKS as usize * BLOCK];
-    unsafe { tier.register_memory(mem.as_mut_ptr(), BLOCKS, BLOCK).unwrap() };
+    unsafe {
+        tier.register_memory(mem.as_mut_ptr(), BLOCKS, BLOCK)
+            .unwrap()
+    };
     let key = |i: u64| make_key(&i.to_be_bytes().repeat(4), 0);
     let mut peak = 0;
     for (kind, base) in [(JobKind::Store, 0), (JobKind::Load, 1000)] {
@@ -45,14 +48,21 @@ fn file_io_threads_bound_the_tier_under_load() {
             }
             if done < BLOCKS {
                 // Wait for the next result on the tier's ready fd (no sleep).
-                let mut fds = libc::pollfd { fd: tier.ready_fd(), events: libc::POLLIN, revents: 0 };
+                let mut fds = libc::pollfd {
+                    fd: tier.ready_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 unsafe { libc::poll(&mut fds, 1, 10_000) };
             }
         }
     }
     peak = peak.max(threads_named("kvtier-io"));
     assert!(peak >= 1, "the tier's threads are named kvtier-io");
-    assert!(peak <= 2 + 3, "{peak} kvtier-io threads: more than runtime_threads + file_io_threads");
+    assert!(
+        peak <= 2 + 3,
+        "{peak} kvtier-io threads: more than runtime_threads + file_io_threads"
+    );
     tier.shutdown();
     drop(tier);
     drop(mem);

@@ -37,7 +37,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn insert_bounded<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, capacity: usize, key: K, value: V) {
+fn insert_bounded<K: std::hash::Hash + Eq, V>(
+    map: &mut HashMap<K, V>,
+    capacity: usize,
+    key: K,
+    value: V,
+) {
     if map.len() >= capacity {
         map.clear();
     }
@@ -97,7 +102,12 @@ impl Dedup {
     }
 
     pub(crate) fn remember_upload(&self, key: &[u8], crc: u32) {
-        insert_bounded(&mut lock(&self.uploaded_crc), self.capacity, key.to_vec(), crc);
+        insert_bounded(
+            &mut lock(&self.uploaded_crc),
+            self.capacity,
+            key.to_vec(),
+            crc,
+        );
     }
 
     /// Registers an upload of `key`, or, if one is in flight, a waiter for its outcome.
@@ -126,7 +136,11 @@ impl Dedup {
 }
 
 /// Decides the dedup mode: conditional PUT only where the store refuses a second create.
-pub(crate) async fn choose_mode(store: &Store, probe_name: &str, configured: Option<DedupMode>) -> Result<DedupMode> {
+pub(crate) async fn choose_mode(
+    store: &Store,
+    probe_name: &str,
+    configured: Option<DedupMode>,
+) -> Result<DedupMode> {
     if let Some(mode @ (DedupMode::Off | DedupMode::SkipKnown)) = configured {
         return Ok(mode);
     }

@@ -37,7 +37,10 @@ impl KeyBatch {
                 bytes.len()
             )));
         }
-        Ok(KeyBatch { bytes: bytes.into(), key_len })
+        Ok(KeyBatch {
+            bytes: bytes.into(),
+            key_len,
+        })
     }
 
     pub fn from_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<Self> {
@@ -45,7 +48,9 @@ impl KeyBatch {
         let mut bytes = Vec::with_capacity(key_len * keys.len());
         for k in keys {
             if k.as_ref().len() != key_len {
-                return Err(Error::invalid("all keys of a job must have the same length"));
+                return Err(Error::invalid(
+                    "all keys of a job must have the same length",
+                ));
             }
             bytes.extend_from_slice(k.as_ref());
         }
@@ -54,7 +59,10 @@ impl KeyBatch {
 
     /// A batch of no keys (a job rejected before its keys could be read).
     pub(crate) fn empty() -> Self {
-        KeyBatch { bytes: Arc::from(&[][..]), key_len: 1 }
+        KeyBatch {
+            bytes: Arc::from(&[][..]),
+            key_len: 1,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -108,12 +116,20 @@ impl JobResult {
 
     /// Keys whose own outcome is `Ok`.
     pub fn successful_keys(&self) -> impl Iterator<Item = &[u8]> {
-        self.keys.iter().zip(&self.key_status).filter(|(_, s)| s.is_ok()).map(|(k, _)| k)
+        self.keys
+            .iter()
+            .zip(&self.key_status)
+            .filter(|(_, s)| s.is_ok())
+            .map(|(k, _)| k)
     }
 }
 
 pub(crate) enum Phase {
-    Running { kind: JobKind, keys: KeyBatch, submitted: Instant },
+    Running {
+        kind: JobKind,
+        keys: KeyBatch,
+        submitted: Instant,
+    },
     Finished,
 }
 
@@ -162,7 +178,14 @@ impl JobTable {
             }
         }
         for &block in &distinct {
-            self.holds.entry(block).and_modify(|h| h.jobs += 1).or_insert(BlockHold { kind, job_id, jobs: 1 });
+            self.holds
+                .entry(block)
+                .and_modify(|h| h.jobs += 1)
+                .or_insert(BlockHold {
+                    kind,
+                    job_id,
+                    jobs: 1,
+                });
         }
         self.held_by.insert(job_id, (kind, distinct));
         Ok(())
@@ -170,7 +193,9 @@ impl JobTable {
 
     /// Releases the blocks of a job whose result was handed out.
     pub(crate) fn release(&mut self, job_id: u64) {
-        let Some((_, blocks)) = self.held_by.remove(&job_id) else { return };
+        let Some((_, blocks)) = self.held_by.remove(&job_id) else {
+            return;
+        };
         for block in blocks {
             if let std::collections::hash_map::Entry::Occupied(mut hold) = self.holds.entry(block) {
                 hold.get_mut().jobs -= 1;
@@ -181,7 +206,6 @@ impl JobTable {
         }
     }
 }
-
 
 /// Readable exactly while results wait to be polled. Both sides change it under the job
 /// table lock: `finish` raises it when the queue turns non-empty, `poll` clears it when it
@@ -225,8 +249,12 @@ impl Drop for ReadyFd {
     }
 }
 
-
-pub(crate) fn failed_result(job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) -> JobResult {
+pub(crate) fn failed_result(
+    job_id: u64,
+    kind: JobKind,
+    keys: KeyBatch,
+    error: &Error,
+) -> JobResult {
     JobResult {
         job_id,
         kind,
@@ -238,4 +266,3 @@ pub(crate) fn failed_result(job_id: u64, kind: JobKind, keys: KeyBatch, error: &
         message: error.message.clone(),
     }
 }
-

@@ -96,7 +96,10 @@ impl LookupTable {
             Some(false) => LookupResult::Miss,
             None => LookupResult::Retry,
         };
-        self.by_request.entry(request).or_default().insert(key.to_vec());
+        self.by_request
+            .entry(request)
+            .or_default()
+            .insert(key.to_vec());
         verdict
     }
 
@@ -106,7 +109,9 @@ impl LookupTable {
         let mut groups: Vec<ProbeGroup> = Vec::new();
         let mut index: HashMap<u64, usize> = HashMap::new();
         for (key, request, generation) in std::mem::take(&mut self.batch) {
-            let Some(entry) = self.entries.get_mut(&key) else { continue };
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
             if entry.generation != generation || entry.phase != Phase::Pending {
                 continue;
             }
@@ -122,7 +127,9 @@ impl LookupTable {
 
     pub(crate) fn apply(&mut self, answers: impl IntoIterator<Item = Answer>) {
         for answer in answers {
-            let Some(entry) = self.entries.get_mut(&answer.key) else { continue };
+            let Some(entry) = self.entries.get_mut(&answer.key) else {
+                continue;
+            };
             if entry.generation != answer.generation {
                 continue;
             }
@@ -146,7 +153,9 @@ impl LookupTable {
     }
 
     pub(crate) fn request_finished(&mut self, request: u64) {
-        let Some(keys) = self.by_request.remove(&request) else { return };
+        let Some(keys) = self.by_request.remove(&request) else {
+            return;
+        };
         for key in keys {
             if let Some(entry) = self.entries.get_mut(&key) {
                 entry.requests.remove(&request);
@@ -163,7 +172,6 @@ impl LookupTable {
     }
 }
 
-
 /// Checks every group's keys concurrently on the lookup lane. A group (one request's keys
 /// of one step) whose check fails anywhere answers MISS for all its keys.
 pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>) -> Vec<Answer> {
@@ -175,13 +183,25 @@ pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>
                 return Ok(false); // the object is corrupt until this tier stores the key again
             }
             let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
-            shared.stats.existence_checks.fetch_add(1, Ordering::Relaxed);
-            let name = crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
+            shared
+                .stats
+                .existence_checks
+                .fetch_add(1, Ordering::Relaxed);
+            let name =
+                crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
             let started = std::time::Instant::now();
-            let found = shared.lookup_store.exists(&name, missing_is_forbidden).await;
-            shared.metrics.existence_checked(started.elapsed().as_secs_f64());
+            let found = shared
+                .lookup_store
+                .exists(&name, missing_is_forbidden)
+                .await;
+            shared
+                .metrics
+                .existence_checked(started.elapsed().as_secs_f64());
             found.map_err(|e| {
-                shared.stats.existence_check_errors.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .stats
+                    .existence_check_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 log::warn!("existence check failed: {}", e.message);
             })
         }))
@@ -216,7 +236,11 @@ mod tests {
         let answers: Vec<Answer> = groups
             .into_iter()
             .flat_map(|g| g.probes)
-            .map(|p| Answer { key: p.key, generation: p.generation, found })
+            .map(|p| Answer {
+                key: p.key,
+                generation: p.generation,
+                found,
+            })
             .collect();
         table.apply(answers);
     }
@@ -256,7 +280,11 @@ mod tests {
         t.request_finished(1);
         assert_eq!(t.tracked_keys(), 1, "kept while in flight");
         answer_all(&mut t, groups, true);
-        assert_eq!(t.tracked_keys(), 0, "dropped when the answer arrives unreferenced");
+        assert_eq!(
+            t.tracked_keys(),
+            0,
+            "dropped when the answer arrives unreferenced"
+        );
     }
 
     #[test]
@@ -264,10 +292,18 @@ mod tests {
         let mut t = LookupTable::default();
         t.lookup(1, b"k");
         t.request_finished(1); // pending, not in flight: dropped now
-        let stale = Answer { key: b"k".to_vec(), generation: 1, found: true };
+        let stale = Answer {
+            key: b"k".to_vec(),
+            generation: 1,
+            found: true,
+        };
         assert_eq!(t.lookup(2, b"k"), Retry);
         t.apply([stale]);
-        assert_eq!(t.lookup(2, b"k"), Retry, "generation 1 answer ignored by generation 2 entry");
+        assert_eq!(
+            t.lookup(2, b"k"),
+            Retry,
+            "generation 1 answer ignored by generation 2 entry"
+        );
         let groups = t.flush();
         assert_eq!(groups[0].probes[0].generation, 2);
     }

@@ -10,11 +10,22 @@ use super::stats::{StatsSnapshot, STATS_FIELDS};
 use crate::error::Status;
 
 /// Upper bounds (seconds) of the latency buckets: 100 µs to 60 s.
-const SECONDS_BOUNDS: &[f64] =
-    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const SECONDS_BOUNDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
 /// Upper bounds (bytes) of the object-size buckets: 4 KiB to 256 MiB, by powers of 4.
-const BYTES_BOUNDS: &[f64] =
-    &[4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0, 268435456.0];
+const BYTES_BOUNDS: &[f64] = &[
+    4096.0,
+    16384.0,
+    65536.0,
+    262144.0,
+    1048576.0,
+    4194304.0,
+    16777216.0,
+    67108864.0,
+    268435456.0,
+];
 /// Statuses a key can fail with are numbered below this (the status enum only grows).
 const STATUS_SLOTS: usize = 32;
 
@@ -37,9 +48,14 @@ impl Histogram {
     }
 
     fn observe(&self, value: f64) {
-        let slot = self.bounds.iter().position(|&b| value <= b).unwrap_or(self.bounds.len());
+        let slot = self
+            .bounds
+            .iter()
+            .position(|&b| value <= b)
+            .unwrap_or(self.bounds.len());
         self.buckets[slot].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
     }
 
     /// Writes the `_bucket`, `_sum` and `_count` lines, with `labels` (`k="v"` pairs,
@@ -49,12 +65,22 @@ impl Histogram {
         let mut cumulative = 0u64;
         for (i, bound) in self.bounds.iter().enumerate() {
             cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
         }
         cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+        );
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
         let _ = writeln!(out, "{name}_sum{braces} {sum}");
         let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
@@ -118,30 +144,58 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {}", escape_help(field.help));
             let _ = writeln!(out, "# TYPE {name} counter\n{name} {value}");
         }
-        let _ = writeln!(out, "# HELP kvtier_failed_keys_total Keys of store or load jobs that failed, by status.");
+        let _ = writeln!(
+            out,
+            "# HELP kvtier_failed_keys_total Keys of store or load jobs that failed, by status."
+        );
         let _ = writeln!(out, "# TYPE kvtier_failed_keys_total counter");
         for (code, slot) in self.failed_keys.iter().enumerate() {
             let count = slot.load(Ordering::Relaxed);
             if count > 0 {
-                let _ = writeln!(out, "kvtier_failed_keys_total{{status=\"{}\"}} {count}", status_label(code));
+                let _ = writeln!(
+                    out,
+                    "kvtier_failed_keys_total{{status=\"{}\"}} {count}",
+                    status_label(code)
+                );
             }
         }
         for (name, help, value) in [
-            ("kvtier_jobs_in_flight", "Jobs submitted and not yet finished.", gauges.jobs_in_flight),
-            ("kvtier_lookups_tracked", "Keys with lookup state (asked and not yet released).", gauges.lookups_tracked),
+            (
+                "kvtier_jobs_in_flight",
+                "Jobs submitted and not yet finished.",
+                gauges.jobs_in_flight,
+            ),
+            (
+                "kvtier_lookups_tracked",
+                "Keys with lookup state (asked and not yet released).",
+                gauges.lookups_tracked,
+            ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         }
-        let _ = writeln!(out, "# HELP kvtier_job_seconds Seconds from a job's submission to its result, by kind.");
+        let _ = writeln!(
+            out,
+            "# HELP kvtier_job_seconds Seconds from a job's submission to its result, by kind."
+        );
         let _ = writeln!(out, "# TYPE kvtier_job_seconds histogram");
-        self.store_job_seconds.render(&mut out, "kvtier_job_seconds", "kind=\"store\"");
-        self.load_job_seconds.render(&mut out, "kvtier_job_seconds", "kind=\"load\"");
+        self.store_job_seconds
+            .render(&mut out, "kvtier_job_seconds", "kind=\"store\"");
+        self.load_job_seconds
+            .render(&mut out, "kvtier_job_seconds", "kind=\"load\"");
         let _ = writeln!(out, "# HELP kvtier_existence_check_seconds Seconds one existence check took on the lookup lane.");
         let _ = writeln!(out, "# TYPE kvtier_existence_check_seconds histogram");
-        self.existence_check_seconds.render(&mut out, "kvtier_existence_check_seconds", "");
-        let _ = writeln!(out, "# HELP kvtier_object_bytes Sizes of the objects stored and loaded.");
+        self.existence_check_seconds
+            .render(&mut out, "kvtier_existence_check_seconds", "");
+        let _ = writeln!(
+            out,
+            "# HELP kvtier_object_bytes Sizes of the objects stored and loaded."
+        );
         let _ = writeln!(out, "# TYPE kvtier_object_bytes histogram");
-        self.object_bytes.render(&mut out, "kvtier_object_bytes", "");
+        self.object_bytes
+            .render(&mut out, "kvtier_object_bytes", "");
         out
     }
 }

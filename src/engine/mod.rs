@@ -78,13 +78,14 @@ impl Lookups {
     }
 }
 
-
 impl Shared {
     async fn transfer_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
-        self.transfer_permits
-            .acquire()
-            .await
-            .map_err(|_| Error::new(Status::Cancelled, "the tier shut down before the transfer started"))
+        self.transfer_permits.acquire().await.map_err(|_| {
+            Error::new(
+                Status::Cancelled,
+                "the tier shut down before the transfer started",
+            )
+        })
     }
 
     fn table(&self) -> MutexGuard<'_, JobTable> {
@@ -93,7 +94,8 @@ impl Shared {
 
     /// Publishes a job's one result. A second finish for the same id is dropped.
     fn finish(&self, result: JobResult) {
-        self.metrics.job_finished(result.kind, result.seconds, &result.key_status);
+        self.metrics
+            .job_finished(result.kind, result.seconds, &result.key_status);
         let mut table = self.table();
         match table.jobs.get_mut(&result.job_id) {
             Some(phase @ Phase::Running { .. }) => {
@@ -101,7 +103,10 @@ impl Shared {
                 table.running -= 1;
             }
             _ => {
-                log::error!("job {} finished twice; second result dropped", result.job_id);
+                log::error!(
+                    "job {} finished twice; second result dropped",
+                    result.job_id
+                );
                 return;
             }
         }
@@ -113,7 +118,6 @@ impl Shared {
         self.table_changed.notify_all();
     }
 }
-
 
 /// A secondary KV-cache tier.
 ///
@@ -139,24 +143,25 @@ impl Tier {
     pub fn new(config: TierConfig) -> Result<Tier> {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
-        let (runtime, store) =
-            runtime::runtime_with_store(
-                &config.store,
-                config.runtime_threads,
-                config.file_io_threads,
-                "kvtier-io",
-                config.transfer_thread_nice,
-            )?;
+        let (runtime, store) = runtime::runtime_with_store(
+            &config.store,
+            config.runtime_threads,
+            config.file_io_threads,
+            "kvtier-io",
+            config.transfer_thread_nice,
+        )?;
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store.probe(&probe_name))?;
         let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
         let store = Arc::new(store);
-        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
-            let (lane, lane_store) = runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
-            (Some(lane), Arc::new(lane_store))
-        } else {
-            (None, store.clone())
-        };
+        let (lookup_runtime, lookup_store) =
+            if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
+                let (lane, lane_store) =
+                    runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
+                (Some(lane), Arc::new(lane_store))
+            } else {
+                (None, store.clone())
+            };
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         log::info!("kvtier tier ready on {}", store.describe());
@@ -184,7 +189,10 @@ impl Tier {
             runtime: RwLock::new(Some(runtime)),
             lookup_runtime: RwLock::new(lookup_runtime),
             results_rx,
-            lookups: Mutex::new(Lookups { table: LookupTable::default(), answers_rx }),
+            lookups: Mutex::new(Lookups {
+                table: LookupTable::default(),
+                answers_rx,
+            }),
             events: Mutex::new(Vec::new()),
         })
     }
@@ -217,9 +225,17 @@ impl Tier {
     /// `base .. base + num_blocks * block_bytes` must stay valid until [`shutdown`](Self::shutdown)
     /// returns, and the caller must not write a block while a store job reads it or touch
     /// a block while a load job writes it.
-    pub unsafe fn register_memory(&self, base: *mut u8, num_blocks: u64, block_bytes: usize) -> Result<()> {
+    pub unsafe fn register_memory(
+        &self,
+        base: *mut u8,
+        num_blocks: u64,
+        block_bytes: usize,
+    ) -> Result<()> {
         if self.is_shut_down() {
-            return Err(Error::new(Status::ShutDown, "register_memory after shutdown"));
+            return Err(Error::new(
+                Status::ShutDown,
+                "register_memory after shutdown",
+            ));
         }
         // SAFETY: this function's own contract, passed on.
         let pool = unsafe { HostPool::new(base, num_blocks, block_bytes)? };
@@ -237,9 +253,18 @@ impl Tier {
     ///
     /// Never blocks. Unless it returns `DuplicateJob`, exactly one result for `job_id`
     /// will come out of [`poll`](Self::poll), also when this returns an error.
-    pub fn submit(&self, kind: JobKind, job_id: u64, block_ids: &[u64], keys: KeyBatch) -> Result<()> {
+    pub fn submit(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        block_ids: &[u64],
+        keys: KeyBatch,
+    ) -> Result<()> {
         self.admit(kind, job_id, &keys)?;
-        match self.prepare(kind, block_ids, &keys).and_then(|()| self.shared.table().hold(kind, job_id, block_ids)) {
+        match self
+            .prepare(kind, block_ids, &keys)
+            .and_then(|()| self.shared.table().hold(kind, job_id, block_ids))
+        {
             Ok(()) => self.launch(kind, job_id, block_ids.to_vec(), keys),
             Err(e) => {
                 self.fail_admitted(job_id, kind, keys, &e);
@@ -250,7 +275,13 @@ impl Tier {
 
     /// Records a job that was rejected before its arguments could be read (NULL pointers
     /// at the C boundary), so that it still yields its one failed result.
-    pub fn submit_rejected(&self, kind: JobKind, job_id: u64, num_keys: usize, error: Error) -> Error {
+    pub fn submit_rejected(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        num_keys: usize,
+        error: Error,
+    ) -> Error {
         let keys = KeyBatch::empty();
         if let Err(dup) = self.admit(kind, job_id, &keys) {
             return dup;
@@ -270,10 +301,19 @@ impl Tier {
         if table.jobs.contains_key(&job_id) {
             return Err(Error::new(
                 Status::DuplicateJob,
-                format!("job id {job_id} already has a result pending; poll it before reusing the id"),
+                format!(
+                    "job id {job_id} already has a result pending; poll it before reusing the id"
+                ),
             ));
         }
-        table.jobs.insert(job_id, Phase::Running { kind, keys: keys.clone(), submitted: Instant::now() });
+        table.jobs.insert(
+            job_id,
+            Phase::Running {
+                kind,
+                keys: keys.clone(),
+                submitted: Instant::now(),
+            },
+        );
         table.running += 1;
         Ok(())
     }
@@ -286,11 +326,9 @@ impl Tier {
         if self.is_shut_down() {
             return Err(Error::new(Status::ShutDown, "submit after shutdown"));
         }
-        let pool = self
-            .shared
-            .pool
-            .get()
-            .ok_or_else(|| Error::state("no memory registered: call register_memory before submitting jobs"))?;
+        let pool = self.shared.pool.get().ok_or_else(|| {
+            Error::state("no memory registered: call register_memory before submitting jobs")
+        })?;
         if keys.is_empty() {
             return Err(Error::invalid("a job needs at least one key"));
         }
@@ -335,7 +373,13 @@ impl Tier {
         Ok(())
     }
 
-    fn launch(&self, kind: JobKind, job_id: u64, block_ids: Vec<u64>, keys: KeyBatch) -> Result<()> {
+    fn launch(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        block_ids: Vec<u64>,
+        keys: KeyBatch,
+    ) -> Result<()> {
         let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
         let Some(runtime) = runtime.as_ref() else {
             let e = Error::new(Status::ShutDown, "submit after shutdown");
@@ -345,11 +389,21 @@ impl Tier {
         let shared = self.shared.clone();
         let submitted = Instant::now();
         runtime.spawn(async move {
-            let job = transfer::run_job(shared.clone(), kind, job_id, block_ids, keys.clone(), submitted);
+            let job = transfer::run_job(
+                shared.clone(),
+                kind,
+                job_id,
+                block_ids,
+                keys.clone(),
+                submitted,
+            );
             let result = match std::panic::AssertUnwindSafe(job).catch_unwind().await {
                 Ok(result) => result,
                 Err(panic) => {
-                    let e = Error::new(Status::Panic, format!("job {job_id} panicked: {}", panic_message(&*panic)));
+                    let e = Error::new(
+                        Status::Panic,
+                        format!("job {job_id} panicked: {}", panic_message(&*panic)),
+                    );
                     failed_result(job_id, kind, keys, &e)
                 }
             };
@@ -384,18 +438,32 @@ impl Tier {
     /// Applies finished jobs to lookups and events, in vLLM's order: failed load keys
     /// become MISS for the requests holding them; successful stores yield one event.
     fn after_poll(&self, results: &[JobResult]) {
-        let failed_loads = results.iter().any(|r| r.kind == JobKind::Load && !r.succeeded());
+        let failed_loads = results
+            .iter()
+            .any(|r| r.kind == JobKind::Load && !r.succeeded());
         if failed_loads {
             let mut lookups = self.lookups();
             for r in results.iter().filter(|r| r.kind == JobKind::Load) {
-                let failed = r.keys.iter().zip(&r.key_status).filter(|(_, s)| !s.is_ok()).map(|(k, _)| k);
+                let failed = r
+                    .keys
+                    .iter()
+                    .zip(&r.key_status)
+                    .filter(|(_, s)| !s.is_ok())
+                    .map(|(k, _)| k);
                 lookups.table.mark_miss(failed);
             }
         }
         if self.shared.config.enable_kv_events {
             let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-            for r in results.iter().filter(|r| r.kind == JobKind::Store && r.succeeded()) {
-                events.push(StoredEvent { job_id: r.job_id, keys: r.keys.clone(), locality: self.shared.config.locality });
+            for r in results
+                .iter()
+                .filter(|r| r.kind == JobKind::Store && r.succeeded())
+            {
+                events.push(StoredEvent {
+                    job_id: r.job_id,
+                    keys: r.keys.clone(),
+                    locality: self.shared.config.locality,
+                });
             }
         }
     }
@@ -431,7 +499,10 @@ impl Tier {
             let answers = lookup::check_groups(&shared, groups).await;
             let _ = shared.answers_tx.send(answers);
         };
-        let lane = self.lookup_runtime.read().unwrap_or_else(|p| p.into_inner());
+        let lane = self
+            .lookup_runtime
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         // The lane's answers come back through `answers_tx`: the task handle is not needed.
         let spawned = match lane.as_ref() {
             Some(rt) => Some(rt.spawn(task)),
@@ -467,7 +538,10 @@ impl Tier {
     /// jobs in flight, and histograms of job latency, existence-check latency and object
     /// sizes.
     pub fn metrics(&self) -> String {
-        let gauges = metrics::Gauges { jobs_in_flight: self.jobs_in_flight(), lookups_tracked: self.tracked_lookup_keys() };
+        let gauges = metrics::Gauges {
+            jobs_in_flight: self.jobs_in_flight(),
+            lookups_tracked: self.tracked_lookup_keys(),
+        };
         self.shared.metrics.render(&self.stats(), &gauges)
     }
 
@@ -516,7 +590,11 @@ impl Tier {
             if now >= deadline {
                 return Err(Error::new(
                     Status::Timeout,
-                    format!("{} jobs still in flight after {} ms", table.running, timeout.as_millis()),
+                    format!(
+                        "{} jobs still in flight after {} ms",
+                        table.running,
+                        timeout.as_millis()
+                    ),
                 ));
             }
             table = self
@@ -534,9 +612,17 @@ impl Tier {
     /// no thread of the tier touches the host pool; results stay available to `poll`.
     /// Idempotent.
     pub fn shutdown(&self) {
-        let runtime = self.runtime.write().unwrap_or_else(|p| p.into_inner()).take();
+        let runtime = self
+            .runtime
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let Some(runtime) = runtime else { return };
-        let lookup_runtime = self.lookup_runtime.write().unwrap_or_else(|p| p.into_inner()).take();
+        let lookup_runtime = self
+            .lookup_runtime
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         self.shared.closing.store(true, Ordering::Release);
         self.shared.transfer_permits.close();
         self.shared.lookup_permits.close();
@@ -554,12 +640,19 @@ impl Tier {
             .jobs
             .iter()
             .filter_map(|(&id, phase)| match phase {
-                Phase::Running { kind, keys, submitted } => Some((id, *kind, keys.clone(), *submitted)),
+                Phase::Running {
+                    kind,
+                    keys,
+                    submitted,
+                } => Some((id, *kind, keys.clone(), *submitted)),
                 Phase::Finished => None,
             })
             .collect();
         for (id, kind, keys, submitted) in abandoned {
-            let e = Error::new(Status::Cancelled, "the tier shut down before the job finished");
+            let e = Error::new(
+                Status::Cancelled,
+                "the tier shut down before the job finished",
+            );
             let mut result = failed_result(id, kind, keys, &e);
             result.seconds = submitted.elapsed().as_secs_f64();
             self.shared.finish(result);

@@ -25,7 +25,9 @@ pub(crate) fn runtime_with_store(
         .on_thread_start(move || {
             if nice > 0 {
                 // SAFETY: a plain syscall on the calling thread's own id.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice)
+                };
             }
         })
         .enable_all()

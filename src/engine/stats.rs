@@ -108,6 +108,9 @@ mod tests {
         assert_eq!(values.len(), STATS_FIELDS.len());
         assert_eq!(values.len() * 8, std::mem::size_of::<StatsSnapshot>());
         assert_eq!(values[0], 100);
-        assert_eq!(values[STATS_FIELDS.len() - 1], STATS_FIELDS.len() as u64 - 1 + 100);
+        assert_eq!(
+            values[STATS_FIELDS.len() - 1],
+            STATS_FIELDS.len() as u64 - 1 + 100
+        );
     }
 }

@@ -29,34 +29,51 @@ pub(crate) async fn run_job(
     // `Path::parse` takes them without re-encoding.
     let names: Vec<Path> = keys
         .iter()
-        .map(|key| object_path(&shared.layout.object_name(key).expect("keys are validated at submit")))
+        .map(|key| {
+            object_path(
+                &shared
+                    .layout
+                    .object_name(key)
+                    .expect("keys are validated at submit"),
+            )
+        })
         .collect();
     let pool = *shared.pool.get().expect("submit checks registration");
     let lease = MemoryLease::new();
     let outcomes: Vec<Result<()>> = {
         let lease = &lease;
         let shared = &shared;
-        futures::future::join_all(block_ids.iter().zip(&names).zip(keys.iter()).map(|((&block, name), key)| async move {
-            match kind {
-                JobKind::Store => store_deduplicated(shared, key, name, lease.view(&pool, block)).await,
-                JobKind::Load => {
-                    let _permit = shared.transfer_permit().await?;
-                    let loaded = load_block(shared, key, name, &pool, block).await;
-                    if let Err(e) = &loaded {
-                        if matches!(e.status, Status::NotFound | Status::Corrupt | Status::LengthMismatch) {
-                            shared.dedup.forget(key);
-                        }
+        futures::future::join_all(block_ids.iter().zip(&names).zip(keys.iter()).map(
+            |((&block, name), key)| async move {
+                match kind {
+                    JobKind::Store => {
+                        store_deduplicated(shared, key, name, lease.view(&pool, block)).await
                     }
-                    loaded
+                    JobKind::Load => {
+                        let _permit = shared.transfer_permit().await?;
+                        let loaded = load_block(shared, key, name, &pool, block).await;
+                        if let Err(e) = &loaded {
+                            if matches!(
+                                e.status,
+                                Status::NotFound | Status::Corrupt | Status::LengthMismatch
+                            ) {
+                                shared.dedup.forget(key);
+                            }
+                        }
+                        loaded
+                    }
                 }
-            }
-        }))
+            },
+        ))
         .await
     };
     // Every operation has returned; wait until no HTTP body still points into the pool.
     lease.released().await;
 
-    let key_status: Vec<Status> = outcomes.iter().map(|o| o.as_ref().err().map_or(Status::Ok, |e| e.status)).collect();
+    let key_status: Vec<Status> = outcomes
+        .iter()
+        .map(|o| o.as_ref().err().map_or(Status::Ok, |e| e.status))
+        .collect();
     let ok_keys = key_status.iter().filter(|s| s.is_ok()).count();
     let stats = &shared.stats;
     let (keys_counter, bytes_counter) = match kind {
@@ -68,12 +85,18 @@ pub(crate) async fn run_job(
         shared.metrics.object_moved(pool.block_bytes());
     }
     bytes_counter.fetch_add((ok_keys * pool.block_bytes()) as u64, Ordering::Relaxed);
-    stats.keys_failed.fetch_add((keys.len() - ok_keys) as u64, Ordering::Relaxed);
+    stats
+        .keys_failed
+        .fetch_add((keys.len() - ok_keys) as u64, Ordering::Relaxed);
     let first_error = outcomes.iter().find_map(|o| o.as_ref().err());
     let message = match first_error {
         Some(e) => {
             let failed = keys.len() - ok_keys;
-            format!("{failed} of {} keys failed; first: {}", keys.len(), e.message)
+            format!(
+                "{failed} of {} keys failed; first: {}",
+                keys.len(),
+                e.message
+            )
         }
         None => String::new(),
     };
@@ -91,7 +114,12 @@ pub(crate) async fn run_job(
 
 /// Stores one block unless the store is known to hold it or an upload of the same key
 /// is already running, in which case the outcome of that upload is shared.
-async fn store_deduplicated(shared: &Shared, key: &[u8], name: &Path, view: bytes::Bytes) -> Result<()> {
+async fn store_deduplicated(
+    shared: &Shared,
+    key: &[u8],
+    name: &Path,
+    view: bytes::Bytes,
+) -> Result<()> {
     let dedup = &shared.dedup;
     let repair = dedup.is_corrupt(key);
     if dedup.mode == DedupMode::Off {
@@ -104,7 +132,12 @@ async fn store_deduplicated(shared: &Shared, key: &[u8], name: &Path, view: byte
     }
     if let Some(waiter) = dedup.begin_upload(key) {
         shared.stats.dedup_joined.fetch_add(1, Ordering::Relaxed);
-        return waiter.await.unwrap_or_else(|_| Err(Error::new(Status::Cancelled, "the shared upload was abandoned")));
+        return waiter.await.unwrap_or_else(|_| {
+            Err(Error::new(
+                Status::Cancelled,
+                "the shared upload was abandoned",
+            ))
+        });
     }
     let outcome = match shared.transfer_permit().await {
         Ok(_permit) => store_block(shared, key, name, view, repair).await,
@@ -119,7 +152,13 @@ async fn store_deduplicated(shared: &Shared, key: &[u8], name: &Path, view: byte
 
 /// Uploads one block; `repair` overwrites whatever the store holds under the name (an
 /// object found corrupt), also in `conditional` mode.
-async fn store_block(shared: &Shared, key: &[u8], name: &Path, view: bytes::Bytes, repair: bool) -> Result<()> {
+async fn store_block(
+    shared: &Shared,
+    key: &[u8],
+    name: &Path,
+    view: bytes::Bytes,
+    repair: bool,
+) -> Result<()> {
     let crc = shared.config.checksums.then(|| integrity::checksum(&view));
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;
     match shared.store.write_block(name, view, crc, create).await? {
@@ -132,7 +171,10 @@ async fn store_block(shared: &Shared, key: &[u8], name: &Path, view: bytes::Byte
             }
         }
         Written::AlreadyStored => {
-            shared.stats.dedup_already_stored.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .dedup_already_stored
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
     Ok(())
@@ -144,7 +186,13 @@ async fn store_block(shared: &Shared, key: &[u8], name: &Path, view: bytes::Byte
 /// the key: it turns MISS for every later lookup of this tier and its next store overwrites
 /// the object. `fail_and_delete` deletes the object only when both reads returned the same
 /// bytes (corrupt in the store); two different wrong reads are corruption in transit.
-async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, block: u64) -> Result<()> {
+async fn load_block(
+    shared: &Shared,
+    key: &[u8],
+    name: &Path,
+    pool: &HostPool,
+    block: u64,
+) -> Result<()> {
     // SAFETY: the block was bounds-checked at submit, and this load job holds it alone
     // until its result is polled (JobTable::hold).
     let mut slot = unsafe { BlockSlot::new(pool, block) };
@@ -152,12 +200,17 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
         Err(e) if e.status == Status::Corrupt => e,
         other => return other,
     };
-    log::warn!("{}; reading it again to tell corruption in the store from corruption in transit", first.message);
+    log::warn!(
+        "{}; reading it again to tell corruption in the store from corruption in transit",
+        first.message
+    );
     // The bytes of each read are in the block when it reports a mismatch.
     let first_crc = integrity::checksum(slot.as_slice());
     match read_verified(shared, key, name, &mut slot, false).await {
         Ok(()) => {
-            log::warn!("block {name} read clean the second time: the first read was corrupted in transit");
+            log::warn!(
+                "block {name} read clean the second time: the first read was corrupted in transit"
+            );
             Ok(())
         }
         Err(second) if second.status == Status::Corrupt => {
@@ -168,7 +221,11 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
             let same_bytes = integrity::checksum(slot.as_slice()) == first_crc;
             log::warn!(
                 "block {name}: two reads failed its checksum{}",
-                if same_bytes { ", with the same bytes: corrupt in the store" } else { ", with different bytes" }
+                if same_bytes {
+                    ", with the same bytes: corrupt in the store"
+                } else {
+                    ", with different bytes"
+                }
             );
             if shared.config.on_corrupt == OnCorrupt::FailAndDelete && same_bytes {
                 if let Err(e) = shared.store.delete(name).await {
@@ -179,20 +236,35 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, pool: &HostPool, b
         }
         Err(second) => Err(Error::new(
             first.status,
-            format!("{}; reading it again failed too: {}", first.message, second.message),
+            format!(
+                "{}; reading it again failed too: {}",
+                first.message, second.message
+            ),
         )),
     }
 }
 
 /// One read of a block into its slot, checked against the checksum the object records,
 /// or else the one this tier uploaded under the key.
-async fn read_verified(shared: &Shared, key: &[u8], name: &Path, slot: &mut BlockSlot, allow_direct: bool) -> Result<()> {
+async fn read_verified(
+    shared: &Shared,
+    key: &[u8],
+    name: &Path,
+    slot: &mut BlockSlot,
+    allow_direct: bool,
+) -> Result<()> {
     let verify = shared.config.checksums;
-    let read = shared.store.read_block(name, slot, verify, allow_direct).await?;
+    let read = shared
+        .store
+        .read_block(name, slot, verify, allow_direct)
+        .await?;
     if !verify {
         return Ok(());
     }
-    match (read.recorded.or_else(|| shared.dedup.uploaded_crc(key)), read.computed) {
+    match (
+        read.recorded.or_else(|| shared.dedup.uploaded_crc(key)),
+        read.computed,
+    ) {
         (Some(want), Some(got)) if want != got => Err(Error::new(
             Status::Corrupt,
             format!("load {name}: checksum {got:08x} does not match the recorded {want:08x}"),

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 
 use super::{kvt_tier, status_of, TIER_MAGIC};
-use crate::error::{Error, Status};
 use crate::error::panic_message;
+use crate::error::{Error, Status};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -52,9 +52,13 @@ pub(crate) fn silencing_hook(previous: PanicHook) -> PanicHook {
     Box::new(move |info| {
         // try_with: a hook must not panic, also on a thread whose locals are gone.
         let ours = IN_CALL.try_with(|c| c.get() > 0).unwrap_or(false)
-            || std::thread::current().name().is_some_and(|n| n.starts_with("kvtier-"));
+            || std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("kvtier-"));
         if ours {
-            let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+            let at = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()));
             let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
         } else {
             previous(info);
@@ -63,8 +67,14 @@ pub(crate) fn silencing_hook(previous: PanicHook) -> PanicHook {
 }
 
 fn panic_error(name: &str, panic: &Box<dyn std::any::Any + Send>) -> Error {
-    let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|at| format!(" (at {at})")).unwrap_or_default();
-    Error::new(Status::Panic, format!("{name}: {}{at}", panic_message(&**panic)))
+    let at = PANIC_AT
+        .with(|p| p.borrow_mut().take())
+        .map(|at| format!(" (at {at})"))
+        .unwrap_or_default();
+    Error::new(
+        Status::Panic,
+        format!("{name}: {}{at}", panic_message(&**panic)),
+    )
 }
 
 /// Runs `body` as a kvt_ call: panics are caught (and not printed).
@@ -144,7 +154,8 @@ pub(crate) unsafe fn guard_tier_or<T>(
             let mut e = panic_error(name, &panic);
             if let Some(handle) = checked.get() {
                 handle.failed.store(true, Ordering::Release);
-                e.message.push_str("; the tier refuses further work: shut it down and free it");
+                e.message
+                    .push_str("; the tier refuses further work: shut it down and free it");
             }
             set_last_error(Some(e));
             (fallback, Some(Status::Panic))
@@ -175,15 +186,23 @@ pub(crate) fn current_pid() -> u32 {
 /// handle from kvt_tier_new (the header's precondition): the tag is checked as a
 /// best effort only (a debug build asserts on it), since a freed handle's memory may
 /// already have been reused.
-pub(crate) unsafe fn check_tier<'a>(tier: *mut kvt_tier, access: Access) -> crate::Result<&'a kvt_tier> {
+pub(crate) unsafe fn check_tier<'a>(
+    tier: *mut kvt_tier,
+    access: Access,
+) -> crate::Result<&'a kvt_tier> {
     if tier.is_null() {
         return Err(Error::new(Status::NullArgument, "tier is NULL"));
     }
     // SAFETY: non-NULL, and a handle from kvt_tier_new by the caller's contract: readable.
     let magic = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) };
-    debug_assert_eq!(magic, TIER_MAGIC, "tier handle is not a live kvt_tier (freed, or not from kvt_tier_new)");
+    debug_assert_eq!(
+        magic, TIER_MAGIC,
+        "tier handle is not a live kvt_tier (freed, or not from kvt_tier_new)"
+    );
     if magic != TIER_MAGIC {
-        return Err(Error::state("tier handle is not a live kvt_tier (freed, or not from kvt_tier_new)"));
+        return Err(Error::state(
+            "tier handle is not a live kvt_tier (freed, or not from kvt_tier_new)",
+        ));
     }
     // SAFETY: as above; the tag says the handle was not freed through kvt_tier_free.
     let handle = unsafe { &*tier };

@@ -23,9 +23,9 @@ use std::time::Duration;
 use boundary::{current_pid, guard, guard_tier, guard_tier_or, set_last_error, Access};
 
 use crate::config::Locality;
-use crate::error::{Error, Status};
 use crate::engine::LookupResult;
 use crate::engine::{JobKind, KeyBatch, StatsSnapshot, Tier};
+use crate::error::{Error, Status};
 
 pub use boundary::kvt_last_error;
 
@@ -112,10 +112,11 @@ pub struct kvt_result {
     pub message: *const c_char,
 }
 
-static VERSION_CSTR: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-    Ok(s) => s,
-    Err(_) => panic!("version string has a NUL"),
-};
+static VERSION_CSTR: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(s) => s,
+        Err(_) => panic!("version string has a NUL"),
+    };
 
 /// The library version, e.g. "0.1.0". Static storage: never free it. Thread-safe.
 #[no_mangle]
@@ -157,7 +158,10 @@ fn status_from_int(value: c_int) -> Option<Status> {
 /// _PERMISSION_DENIED when the connectivity probe fails. Messages never contain secrets.
 /// Blocks for the probe. Thread-safe.
 #[no_mangle]
-pub unsafe extern "C" fn kvt_tier_new(config_json: *const c_char, out_tier: *mut *mut kvt_tier) -> Status {
+pub unsafe extern "C" fn kvt_tier_new(
+    config_json: *const c_char,
+    out_tier: *mut *mut kvt_tier,
+) -> Status {
     crate::logs::install();
     guard("kvt_tier_new", || {
         if out_tier.is_null() {
@@ -234,16 +238,26 @@ unsafe fn submit(
                 kind,
                 job_id,
                 num_keys,
-                Error::invalid(format!("num_keys is {num_keys}; a job has at most {} keys", crate::engine::MAX_KEYS_PER_JOB)),
+                Error::invalid(format!(
+                    "num_keys is {num_keys}; a job has at most {} keys",
+                    crate::engine::MAX_KEYS_PER_JOB
+                )),
             ));
         }
         if num_keys > 0 && (block_ids.is_null() || keys.is_null()) {
-            let which = if block_ids.is_null() { "block_ids" } else { "keys" };
+            let which = if block_ids.is_null() {
+                "block_ids"
+            } else {
+                "keys"
+            };
             return Err(handle.tier.submit_rejected(
                 kind,
                 job_id,
                 num_keys,
-                Error::new(Status::NullArgument, format!("{which} is NULL with num_keys = {num_keys}")),
+                Error::new(
+                    Status::NullArgument,
+                    format!("{which} is NULL with num_keys = {num_keys}"),
+                ),
             ));
         }
         // Every size below comes from the caller: check it before it sizes a slice, a copy
@@ -253,7 +267,12 @@ unsafe fn submit(
             return Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
         }
         let Some(total) = key_len.checked_mul(num_keys) else {
-            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, Error::invalid("key_len * num_keys overflows")));
+            return Err(handle.tier.submit_rejected(
+                kind,
+                job_id,
+                num_keys,
+                Error::invalid("key_len * num_keys overflows"),
+            ));
         };
         let (ids, key_bytes): (&[u64], &[u8]) = if num_keys == 0 {
             (&[], &[])
@@ -261,7 +280,12 @@ unsafe fn submit(
             // SAFETY: both non-NULL (checked above) and, by the header's contract, arrays of
             // `num_keys` ids and `num_keys * key_len` key bytes, borrowed for this call only
             // (KeyBatch::new and submit copy them).
-            unsafe { (std::slice::from_raw_parts(block_ids, num_keys), std::slice::from_raw_parts(keys, total)) }
+            unsafe {
+                (
+                    std::slice::from_raw_parts(block_ids, num_keys),
+                    std::slice::from_raw_parts(keys, total),
+                )
+            }
         };
         let batch = KeyBatch::new(key_bytes, key_len)?;
         handle.tier.submit(kind, job_id, ids, batch)
@@ -303,7 +327,18 @@ pub unsafe extern "C" fn kvt_tier_submit_store(
     num_keys: usize,
 ) -> Status {
     // SAFETY: the arguments are passed through under the same contract.
-    unsafe { submit("kvt_tier_submit_store", JobKind::Store, tier, job_id, block_ids, keys, key_len, num_keys) }
+    unsafe {
+        submit(
+            "kvt_tier_submit_store",
+            JobKind::Store,
+            tier,
+            job_id,
+            block_ids,
+            keys,
+            key_len,
+            num_keys,
+        )
+    }
 }
 
 /// Submits a job that loads key `i` into block `block_ids[i]` for `i < num_keys`.
@@ -326,7 +361,18 @@ pub unsafe extern "C" fn kvt_tier_submit_load(
     num_keys: usize,
 ) -> Status {
     // SAFETY: the arguments are passed through under the same contract.
-    unsafe { submit("kvt_tier_submit_load", JobKind::Load, tier, job_id, block_ids, keys, key_len, num_keys) }
+    unsafe {
+        submit(
+            "kvt_tier_submit_load",
+            JobKind::Load,
+            tier,
+            job_id,
+            block_ids,
+            keys,
+            key_len,
+            num_keys,
+        )
+    }
 }
 
 /// Takes up to `capacity` finished jobs into `out_results` and writes their number to
@@ -393,7 +439,12 @@ pub unsafe extern "C" fn kvt_tier_poll(
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier_or("kvt_tier_event_fd", tier, Access::Collect, -1, |handle| Ok(handle.tier.ready_fd())).0 }
+    unsafe {
+        guard_tier_or("kvt_tier_event_fd", tier, Access::Collect, -1, |handle| {
+            Ok(handle.tier.ready_fd())
+        })
+        .0
+    }
 }
 
 /// Number of jobs submitted and not yet finished (results not yet queued).
@@ -402,7 +453,16 @@ pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier_or("kvt_tier_jobs_in_flight", tier, Access::Collect, 0, |handle| Ok(handle.tier.jobs_in_flight())).0 }
+    unsafe {
+        guard_tier_or(
+            "kvt_tier_jobs_in_flight",
+            tier,
+            Access::Collect,
+            0,
+            |handle| Ok(handle.tier.jobs_in_flight()),
+        )
+        .0
+    }
 }
 
 /// Blocks until no job is in flight, or `timeout_ms` passes (KVT_STATUS_TIMEOUT). Results
@@ -411,7 +471,11 @@ pub unsafe extern "C" fn kvt_tier_jobs_in_flight(tier: *mut kvt_tier) -> usize {
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_drain(tier: *mut kvt_tier, timeout_ms: u64) -> Status {
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier("kvt_tier_drain", tier, Access::Work, |handle| handle.tier.drain(Duration::from_millis(timeout_ms))) }
+    unsafe {
+        guard_tier("kvt_tier_drain", tier, Access::Work, |handle| {
+            handle.tier.drain(Duration::from_millis(timeout_ms))
+        })
+    }
 }
 
 /// Shuts the tier down, in order:
@@ -456,7 +520,10 @@ pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
     }
     // SAFETY: non-NULL, and a handle from kvt_tier_new not yet freed (the header's
     // precondition): its memory is readable.
-    let forked = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) == TIER_MAGIC && (*tier).pid != current_pid() };
+    let forked = unsafe {
+        std::ptr::read_volatile(std::ptr::addr_of!((*tier).magic)) == TIER_MAGIC
+            && (*tier).pid != current_pid()
+    };
     if forked {
         // A forked child: the tier's threads exist only in the parent, its locks may be
         // held by them, and its sockets and epoll registrations are shared with the
@@ -473,7 +540,8 @@ pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
         return;
     }
     // SAFETY: non-NULL and a handle from kvt_tier_new (the header's precondition).
-    let (live, _) = unsafe { guard_tier_or("kvt_tier_free", tier, Access::Collect, false, |_| Ok(true)) };
+    let (live, _) =
+        unsafe { guard_tier_or("kvt_tier_free", tier, Access::Collect, false, |_| Ok(true)) };
     if !live {
         return;
     }
@@ -494,7 +562,10 @@ pub unsafe extern "C" fn kvt_tier_free(tier: *mut kvt_tier) {
         Ok(())
     });
     if stopped != Status::Ok && released == Status::Ok {
-        set_last_error(Some(Error::new(stopped, "kvt_tier_free: the shutdown panicked; the handle was released")));
+        set_last_error(Some(Error::new(
+            stopped,
+            "kvt_tier_free: the shutdown panicked; the handle was released",
+        )));
     }
 }
 
@@ -519,7 +590,14 @@ pub unsafe extern "C" fn kvt_tier_lookup(
 ) -> Status {
     let body = |handle: &kvt_tier| {
         if key.is_null() || out_result.is_null() {
-            return Err(Error::new(Status::NullArgument, if key.is_null() { "key is NULL" } else { "out_result is NULL" }));
+            return Err(Error::new(
+                Status::NullArgument,
+                if key.is_null() {
+                    "key is NULL"
+                } else {
+                    "out_result is NULL"
+                },
+            ));
         }
         crate::key::check_key_len(key_len)?;
         // SAFETY: non-NULL (checked above) and `key_len` readable bytes by the header's
@@ -540,7 +618,11 @@ pub unsafe extern "C" fn kvt_tier_lookup(
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier("kvt_tier_schedule_end", tier, Access::Work, |handle| handle.tier.schedule_end()) }
+    unsafe {
+        guard_tier("kvt_tier_schedule_end", tier, Access::Work, |handle| {
+            handle.tier.schedule_end()
+        })
+    }
 }
 
 /// Tells the tier that request `req_id` will not look anything up again; verdicts held
@@ -610,7 +692,11 @@ pub unsafe extern "C" fn kvt_tier_take_events(
 /// an older header gets the counters it knows and nothing is written past its struct.
 /// NULL `tier` or `out_stats` is KVT_STATUS_NULL_ARGUMENT. Thread-safe.
 #[no_mangle]
-pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut StatsSnapshot, stats_size: usize) -> Status {
+pub unsafe extern "C" fn kvt_tier_stats(
+    tier: *mut kvt_tier,
+    out_stats: *mut StatsSnapshot,
+    stats_size: usize,
+) -> Status {
     let body = |handle: &kvt_tier| {
         if out_stats.is_null() {
             return Err(Error::new(Status::NullArgument, "out_stats is NULL"));
@@ -619,7 +705,13 @@ pub unsafe extern "C" fn kvt_tier_stats(tier: *mut kvt_tier, out_stats: *mut Sta
         let n = stats_size.min(std::mem::size_of::<StatsSnapshot>());
         // SAFETY: `out_stats` is non-NULL and holds `stats_size` writable bytes by the
         // header's contract; `n` is at most that and at most the snapshot's size.
-        unsafe { std::ptr::copy_nonoverlapping(&stats as *const StatsSnapshot as *const u8, out_stats as *mut u8, n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &stats as *const StatsSnapshot as *const u8,
+                out_stats as *mut u8,
+                n,
+            )
+        };
         Ok(())
     };
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
@@ -646,7 +738,10 @@ pub unsafe extern "C" fn kvt_tier_metrics(
 ) -> Status {
     let body = |handle: &kvt_tier| {
         if out_len.is_null() || (out_buf.is_null() && capacity > 0) {
-            return Err(Error::new(Status::NullArgument, "out_len or out_buf is NULL"));
+            return Err(Error::new(
+                Status::NullArgument,
+                "out_len or out_buf is NULL",
+            ));
         }
         // SAFETY: checked non-NULL above; sized by the caller as the header states.
         unsafe { write_text(&handle.tier.metrics(), out_buf, capacity, out_len) }
@@ -679,10 +774,21 @@ pub unsafe extern "C" fn kvt_set_log_callback(
 ) -> Status {
     guard("kvt_set_log_callback", || {
         use crate::logs::LogLevel;
-        let level = [LogLevel::Off, LogLevel::Error, LogLevel::Warn, LogLevel::Info, LogLevel::Debug, LogLevel::Trace]
-            .into_iter()
-            .find(|l| *l as c_int == max_level)
-            .ok_or_else(|| Error::invalid(format!("max_level {max_level} is not a kvt_log_level (0..5)")))?;
+        let level = [
+            LogLevel::Off,
+            LogLevel::Error,
+            LogLevel::Warn,
+            LogLevel::Info,
+            LogLevel::Debug,
+            LogLevel::Trace,
+        ]
+        .into_iter()
+        .find(|l| *l as c_int == max_level)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "max_level {max_level} is not a kvt_log_level (0..5)"
+            ))
+        })?;
         crate::logs::set_callback(callback, userdata, level);
         Ok(())
     })
@@ -710,12 +816,17 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
 ) -> Status {
     guard("kvt_vllm_namespace", || {
         if fields_json.is_null() || out_len.is_null() || (out_buf.is_null() && capacity > 0) {
-            return Err(Error::new(Status::NullArgument, "fields_json, out_len or out_buf is NULL"));
+            return Err(Error::new(
+                Status::NullArgument,
+                "fields_json, out_len or out_buf is NULL",
+            ));
         }
         // SAFETY: non-NULL (checked above), a NUL-terminated string by the header's contract.
-        let text = unsafe { CStr::from_ptr(fields_json) }.to_str().map_err(|_| Error::invalid("fields_json is not UTF-8"))?;
-        let fields: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| Error::invalid(format!("fields_json is not JSON: {e}")))?;
+        let text = unsafe { CStr::from_ptr(fields_json) }
+            .to_str()
+            .map_err(|_| Error::invalid("fields_json is not UTF-8"))?;
+        let fields: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(format!("fields_json is not JSON: {e}")))?;
         let namespace = crate::namespace::vllm_namespace(&fields, rank)?;
         // SAFETY: the output arguments were checked non-NULL above and are sized by the
         // caller as the header states.
@@ -730,11 +841,19 @@ pub unsafe extern "C" fn kvt_vllm_namespace(
 /// # Safety
 /// `out_len` is non-NULL and writable; `out_buf` holds `capacity` writable bytes (and is
 /// non-NULL when `capacity > 0`).
-unsafe fn write_text(text: &str, out_buf: *mut c_char, capacity: usize, out_len: *mut usize) -> crate::Result<()> {
+unsafe fn write_text(
+    text: &str,
+    out_buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> crate::Result<()> {
     // SAFETY: the function's contract.
     unsafe { *out_len = text.len() };
     if text.len() + 1 > capacity {
-        return Err(Error::invalid(format!("out_buf holds {capacity} bytes; {} needed", text.len() + 1)));
+        return Err(Error::invalid(format!(
+            "out_buf holds {capacity} bytes; {} needed",
+            text.len() + 1
+        )));
     }
     // SAFETY: `out_buf` holds `capacity` writable bytes and the text plus its NUL fits
     // (checked just above); it is non-NULL as capacity > 0.
@@ -759,7 +878,10 @@ fn check_outputs<T>(out: *mut T, capacity: usize, out_count: *mut usize) -> crat
         return Err(Error::new(Status::NullArgument, "out_count is NULL"));
     }
     if out.is_null() && capacity > 0 {
-        return Err(Error::new(Status::NullArgument, "the output array is NULL with capacity > 0"));
+        return Err(Error::new(
+            Status::NullArgument,
+            "the output array is NULL with capacity > 0",
+        ));
     }
     Ok(())
 }
@@ -792,13 +914,16 @@ mod tests {
 
     fn memory_tier() -> *mut kvt_tier {
         let mut tier = std::ptr::null_mut();
-        let status = unsafe { kvt_tier_new(c"{\"store\":{\"type\":\"memory\"}}".as_ptr(), &mut tier) };
+        let status =
+            unsafe { kvt_tier_new(c"{\"store\":{\"type\":\"memory\"}}".as_ptr(), &mut tier) };
         assert_eq!(status, Status::Ok);
         tier
     }
 
     fn last_error() -> String {
-        unsafe { CStr::from_ptr(kvt_last_error()) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(kvt_last_error()) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     #[test]
@@ -808,26 +933,45 @@ mod tests {
         let key = [7u8; KVT_DEFAULT_KEY_BYTES];
         let block = [0u64];
         unsafe {
-            assert_eq!(kvt_tier_register_memory(tier, pool.as_mut_ptr(), 1, 4096), Status::Ok);
+            assert_eq!(
+                kvt_tier_register_memory(tier, pool.as_mut_ptr(), 1, 4096),
+                Status::Ok
+            );
             let status = guard_tier("test_call", tier, Access::Work, |_| panic!("deliberate"));
             assert_eq!(status, Status::Panic);
             let message = last_error();
-            assert!(message.contains("test_call: deliberate") && message.contains("ffi/mod.rs"), "{message}");
+            assert!(
+                message.contains("test_call: deliberate") && message.contains("ffi/mod.rs"),
+                "{message}"
+            );
             // Work is refused: submits with their one result, other calls outright.
-            assert_eq!(kvt_tier_submit_store(tier, 1, block.as_ptr(), key.as_ptr(), key.len(), 1), Status::Panic);
+            assert_eq!(
+                kvt_tier_submit_store(tier, 1, block.as_ptr(), key.as_ptr(), key.len(), 1),
+                Status::Panic
+            );
             let mut verdict = LookupResult::Retry;
-            assert_eq!(kvt_tier_lookup(tier, 1, key.as_ptr(), key.len(), &mut verdict), Status::Panic);
+            assert_eq!(
+                kvt_tier_lookup(tier, 1, key.as_ptr(), key.len(), &mut verdict),
+                Status::Panic
+            );
             assert_eq!(kvt_tier_schedule_end(tier), Status::Panic);
             assert_eq!(kvt_tier_drain(tier, 0), Status::Panic);
             // Collecting still works.
-            let mut results: [std::mem::MaybeUninit<kvt_result>; 4] = [const { std::mem::MaybeUninit::uninit() }; 4];
+            let mut results: [std::mem::MaybeUninit<kvt_result>; 4] =
+                [const { std::mem::MaybeUninit::uninit() }; 4];
             let mut n = 9;
-            assert_eq!(kvt_tier_poll(tier, results.as_mut_ptr() as *mut kvt_result, 4, &mut n), Status::Ok);
+            assert_eq!(
+                kvt_tier_poll(tier, results.as_mut_ptr() as *mut kvt_result, 4, &mut n),
+                Status::Ok
+            );
             assert_eq!(n, 1);
             let r = results[0].assume_init_read();
             assert_eq!((r.job_id, r.status, r.num_keys), (1, Status::Panic, 1));
             let mut stats = StatsSnapshot::default();
-            assert_eq!(kvt_tier_stats(tier, &mut stats, std::mem::size_of::<StatsSnapshot>()), Status::Ok);
+            assert_eq!(
+                kvt_tier_stats(tier, &mut stats, std::mem::size_of::<StatsSnapshot>()),
+                Status::Ok
+            );
             assert_eq!(kvt_tier_shutdown(tier), Status::Ok);
             kvt_tier_free(tier);
         }
@@ -844,7 +988,10 @@ mod tests {
         boundary::install_panic_hook();
         let previous = std::panic::take_hook();
         std::panic::set_hook(boundary::silencing_hook(Box::new(move |info| {
-            if std::thread::current().name().is_some_and(|n| n.starts_with("hook-test-")) {
+            if std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("hook-test-"))
+            {
                 PRINTED.fetch_add(1, Ordering::SeqCst);
             } else {
                 previous(info);
@@ -857,10 +1004,22 @@ mod tests {
             .join()
             .unwrap();
         assert_eq!(inside, Status::Panic);
-        assert_eq!(PRINTED.load(Ordering::SeqCst), 0, "a panic inside a kvt_ call reached the host's hook");
-        let outside = std::thread::Builder::new().name("hook-test-outside".into()).spawn(|| panic!("host's own")).unwrap().join();
+        assert_eq!(
+            PRINTED.load(Ordering::SeqCst),
+            0,
+            "a panic inside a kvt_ call reached the host's hook"
+        );
+        let outside = std::thread::Builder::new()
+            .name("hook-test-outside".into())
+            .spawn(|| panic!("host's own"))
+            .unwrap()
+            .join();
         assert!(outside.is_err());
-        assert_eq!(PRINTED.load(Ordering::SeqCst), 1, "a panic outside the library must reach the host's hook");
+        assert_eq!(
+            PRINTED.load(Ordering::SeqCst),
+            1,
+            "a panic outside the library must reach the host's hook"
+        );
     }
 
     #[test]
@@ -868,10 +1027,17 @@ mod tests {
         for v in 0..21 {
             let s = status_from_int(v).expect("contiguous codes");
             assert_eq!(s as c_int, v);
-            let text = unsafe { CStr::from_ptr(kvt_status_str(v)) }.to_str().unwrap();
+            let text = unsafe { CStr::from_ptr(kvt_status_str(v)) }
+                .to_str()
+                .unwrap();
             assert_eq!(text, s.as_str());
         }
         assert!(status_from_int(21).is_none());
-        assert_eq!(unsafe { CStr::from_ptr(kvt_status_str(-1)) }.to_str().unwrap(), "unknown status");
+        assert_eq!(
+            unsafe { CStr::from_ptr(kvt_status_str(-1)) }
+                .to_str()
+                .unwrap(),
+            "unknown status"
+        );
     }
 }

@@ -29,11 +29,17 @@ pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
     Some(match code {
         "NoSuchBucket" => Status::BucketNotFound,
         "NoSuchKey" | "NotFound" => Status::NotFound,
-        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken" | "TokenRefreshRequired"
-        | "InvalidSecurity" | "AuthorizationHeaderMalformed" | "MissingSecurityHeader" | "RequestTimeTooSkewed"
-        | "NotSignedUp" | "InvalidClientTokenId" => {
-            Status::Auth
-        }
+        "InvalidAccessKeyId"
+        | "SignatureDoesNotMatch"
+        | "ExpiredToken"
+        | "InvalidToken"
+        | "TokenRefreshRequired"
+        | "InvalidSecurity"
+        | "AuthorizationHeaderMalformed"
+        | "MissingSecurityHeader"
+        | "RequestTimeTooSkewed"
+        | "NotSignedUp"
+        | "InvalidClientTokenId" => Status::Auth,
         "AccessDenied" | "AllAccessDisabled" | "AccountProblem" => Status::PermissionDenied,
         "InvalidRange" => Status::LengthMismatch,
         "RequestTimeout" => Status::Timeout,
@@ -42,7 +48,9 @@ pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
 }
 
 /// The first error of type `T` in `error`'s source chain, looking inside `io::Error`s too.
-fn find_in_chain<'a, T: std::error::Error + 'static>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a T> {
+fn find_in_chain<'a, T: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
     let mut current = Some(error);
     while let Some(e) = current {
         if let Some(found) = e.downcast_ref::<T>() {
@@ -50,7 +58,10 @@ fn find_in_chain<'a, T: std::error::Error + 'static>(error: &'a (dyn std::error:
         }
         // An io::Error wrapping an error reports that error's source as its own, skipping
         // the wrapped error itself: step into it instead.
-        current = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        current = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
             None => e.source(),
         };
@@ -59,7 +70,9 @@ fn find_in_chain<'a, T: std::error::Error + 'static>(error: &'a (dyn std::error:
 }
 
 /// The transport error inside a store error, if the failure happened below HTTP.
-fn http_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a object_store::client::HttpError> {
+fn http_error<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a object_store::client::HttpError> {
     find_in_chain(error)
 }
 
@@ -83,7 +96,9 @@ pub(crate) fn tls_problem(error: &(dyn std::error::Error + 'static)) -> Option<T
     use rustls::{CertificateError as C, Error as R};
     Some(match find_in_chain::<R>(error)? {
         R::InvalidCertificate(C::UnknownIssuer) => TlsProblem::UnknownIssuer,
-        R::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => TlsProblem::WrongName,
+        R::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            TlsProblem::WrongName
+        }
         R::InvalidCertificate(
             C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
         ) => TlsProblem::Expired,
@@ -130,7 +145,12 @@ pub(crate) fn classify(error: &object_store::Error) -> Status {
 /// the object answers 412 and counts as stored.
 pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
     use object_store::client::HttpErrorKind;
-    http_error(error).is_some_and(|h| matches!(h.kind(), HttpErrorKind::Timeout | HttpErrorKind::Interrupted))
+    http_error(error).is_some_and(|h| {
+        matches!(
+            h.kind(),
+            HttpErrorKind::Timeout | HttpErrorKind::Interrupted
+        )
+    })
 }
 
 /// `put_opts`, repeated on a timeout or a cut connection when `options` is a create
@@ -166,8 +186,12 @@ pub(super) async fn put_with_retries(
 /// Backoff before retry `attempt` (1-based): 50 ms doubling up to 5 s, with full jitter
 /// over its upper half.
 fn retry_backoff(attempt: usize) -> Duration {
-    let ceiling = 50u64.saturating_mul(1 << attempt.min(7).saturating_sub(1)).min(5_000);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let ceiling = 50u64
+        .saturating_mul(1 << attempt.min(7).saturating_sub(1))
+        .min(5_000);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let jitter = u64::from(nanos) % (ceiling / 2 + 1);
     Duration::from_millis(ceiling / 2 + jitter)
 }
@@ -197,13 +221,21 @@ mod tests {
     fn s3_codes_map_to_statuses() {
         let body = "Server returned non-2xx status code: 403 Forbidden: <?xml?><Error><Code>SignatureDoesNotMatch</Code></Error>";
         assert_eq!(s3_error_code(body), Some("SignatureDoesNotMatch"));
-        assert_eq!(status_of_s3_code("SignatureDoesNotMatch"), Some(Status::Auth));
-        assert_eq!(status_of_s3_code("NoSuchBucket"), Some(Status::BucketNotFound));
-        assert_eq!(status_of_s3_code("AccessDenied"), Some(Status::PermissionDenied));
+        assert_eq!(
+            status_of_s3_code("SignatureDoesNotMatch"),
+            Some(Status::Auth)
+        );
+        assert_eq!(
+            status_of_s3_code("NoSuchBucket"),
+            Some(Status::BucketNotFound)
+        );
+        assert_eq!(
+            status_of_s3_code("AccessDenied"),
+            Some(Status::PermissionDenied)
+        );
         assert_eq!(status_of_s3_code("SlowDown"), None);
         assert_eq!(s3_error_code("no body"), None);
     }
-
 
     #[test]
     fn tls_failures_are_found_by_type_inside_nested_io_errors() {
@@ -212,13 +244,24 @@ mod tests {
             store: "S3",
             source: Box::new(Io::other(Io::new(ErrorKind::InvalidData, e))),
         };
-        let unknown = wrapped(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer));
+        let unknown = wrapped(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
         assert_eq!(tls_problem(&unknown), Some(TlsProblem::UnknownIssuer));
         assert_eq!(classify(&unknown), Status::Tls);
-        let plain = wrapped(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
+        let plain = wrapped(rustls::Error::InvalidMessage(
+            rustls::InvalidMessage::InvalidContentType,
+        ));
         assert_eq!(tls_problem(&plain), Some(TlsProblem::NotTls));
-        let other = object_store::Error::Generic { store: "S3", source: Box::new(Io::other("certificate expired")) };
-        assert_eq!(tls_problem(&other), None, "words alone never make a TLS failure");
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Io::other("certificate expired")),
+        };
+        assert_eq!(
+            tls_problem(&other),
+            None,
+            "words alone never make a TLS failure"
+        );
         assert_eq!(classify(&other), Status::Io);
     }
 }

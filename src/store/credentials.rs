@@ -79,8 +79,12 @@ impl std::fmt::Display for CredentialSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CredentialSource::Config => f.write_str("store.access_key/store.secret_key"),
-            CredentialSource::Environment => f.write_str("the AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY environment variables"),
-            CredentialSource::Profile { profile, file } => write!(f, "profile [{profile}] of {}", file.display()),
+            CredentialSource::Environment => {
+                f.write_str("the AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY environment variables")
+            }
+            CredentialSource::Profile { profile, file } => {
+                write!(f, "profile [{profile}] of {}", file.display())
+            }
             CredentialSource::Provider(p) => f.write_str(p),
         }
     }
@@ -115,15 +119,29 @@ pub struct ResolvedCredentials {
 }
 
 /// Profile keys that describe credentials kvtier cannot obtain itself.
-const UNSUPPORTED_PROFILE_KEYS: &[&str] =
-    &["role_arn", "credential_process", "sso_session", "sso_start_url", "sso_account_id", "web_identity_token_file"];
+const UNSUPPORTED_PROFILE_KEYS: &[&str] = &[
+    "role_arn",
+    "credential_process",
+    "sso_session",
+    "sso_start_url",
+    "sso_account_id",
+    "web_identity_token_file",
+];
 
 /// Walks the credential chain. `env` looks up an environment variable (the process
 /// environment in production; a map in unit tests).
-pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) -> Result<ResolvedCredentials> {
+pub fn resolve_credentials(
+    s3: &S3Config,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ResolvedCredentials> {
     let var = |name: &str| env(name).filter(|v| !v.is_empty());
     // Every credential in sight is registered before any error can be built.
-    for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"] {
+    for name in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+    ] {
         if let Some(value) = var(name) {
             register_secret(&value);
         }
@@ -136,13 +154,18 @@ pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) 
     let home = var("HOME");
     let credentials_file = var("AWS_SHARED_CREDENTIALS_FILE")
         .map(PathBuf::from)
-        .or_else(|| home.as_ref().map(|h| FsPath::new(h).join(".aws/credentials")));
+        .or_else(|| {
+            home.as_ref()
+                .map(|h| FsPath::new(h).join(".aws/credentials"))
+        });
     let config_file = var("AWS_CONFIG_FILE")
         .map(PathBuf::from)
         .or_else(|| home.as_ref().map(|h| FsPath::new(h).join(".aws/config")));
     // An unreadable file matters only if the chain gets to the files (step 3).
     let profiles = ProfileFiles::read(credentials_file.as_deref(), config_file.as_deref());
-    let selected = profile_name.clone().unwrap_or_else(|| "default".to_string());
+    let selected = profile_name
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
     let profile = profiles.profile(&selected);
     let profile_region = profile.as_ref().and_then(|p| p.get("region").cloned());
 
@@ -162,7 +185,9 @@ pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) 
     // 2. Environment variables.
     match (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
         (Some(access_key), Some(secret_key)) => {
-            let token = var("AWS_SESSION_TOKEN").or_else(|| var("AWS_SECURITY_TOKEN")).unwrap_or_default();
+            let token = var("AWS_SESSION_TOKEN")
+                .or_else(|| var("AWS_SECURITY_TOKEN"))
+                .unwrap_or_default();
             return Ok(ResolvedCredentials {
                 credentials: Some(StaticCredentials {
                     access_key,
@@ -189,7 +214,8 @@ pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) 
     }
 
     // 3. Shared credentials and config files.
-    let web_identity = var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() && var("AWS_ROLE_ARN").is_some();
+    let web_identity =
+        var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() && var("AWS_ROLE_ARN").is_some();
     let container = var("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some()
         || (var("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some()
             && var("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").is_some());
@@ -225,7 +251,10 @@ pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) 
             }
             _ => {}
         }
-        if let Some(key) = UNSUPPORTED_PROFILE_KEYS.iter().find(|k| profile.get(k).is_some()) {
+        if let Some(key) = UNSUPPORTED_PROFILE_KEYS
+            .iter()
+            .find(|k| profile.get(k).is_some())
+        {
             let message = format!(
                 "profile [{selected}] of {} uses {key}, which kvtier does not resolve: give the profile static keys, \
                  export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (e.g. from `aws configure export-credentials`), \
@@ -256,7 +285,8 @@ pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) 
     } else if container {
         "the EKS pod identity endpoint"
     } else {
-        let disabled = var("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let disabled =
+            var("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         if disabled {
             return Err(Error::new(
                 Status::Auth,
@@ -271,7 +301,11 @@ pub fn resolve_credentials(s3: &S3Config, env: &dyn Fn(&str) -> Option<String>) 
         }
         "the EC2 instance metadata service (no keys in the configuration, environment or profile files)"
     };
-    Ok(ResolvedCredentials { credentials: None, source: CredentialSource::Provider(provider), profile_region })
+    Ok(ResolvedCredentials {
+        credentials: None,
+        source: CredentialSource::Provider(provider),
+        profile_region,
+    })
 }
 
 fn describe_file(file: Option<&FsPath>) -> String {
@@ -314,7 +348,10 @@ impl ProfileFiles {
                     let sections = parse_ini(&text);
                     for keys in sections.values() {
                         for (k, v) in keys {
-                            if k.contains("secret") || k.contains("token") || k == "aws_access_key_id" {
+                            if k.contains("secret")
+                                || k.contains("token")
+                                || k == "aws_access_key_id"
+                            {
                                 register_secret(v);
                             }
                         }
@@ -322,32 +359,64 @@ impl ProfileFiles {
                     Ok(Some((path.to_path_buf(), sections)))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(Error::new(Status::Auth, format!("cannot read AWS profile file {}: {e}", path.display()))),
+                Err(e) => Err(Error::new(
+                    Status::Auth,
+                    format!("cannot read AWS profile file {}: {e}", path.display()),
+                )),
             }
         };
         let (credentials, config) = (load(credentials), load(config));
-        let error = credentials.as_ref().err().or(config.as_ref().err()).cloned();
-        ProfileFiles { credentials: credentials.ok().flatten(), config: config.ok().flatten(), error }
+        let error = credentials
+            .as_ref()
+            .err()
+            .or(config.as_ref().err())
+            .cloned();
+        ProfileFiles {
+            credentials: credentials.ok().flatten(),
+            config: config.ok().flatten(),
+            error,
+        }
     }
 
     fn profile(&self, name: &str) -> Option<Profile> {
-        let from_credentials = self.credentials.as_ref().and_then(|(f, s)| s.get(name).map(|k| (f, k)));
-        let config_section = if name == "default" { "default".to_string() } else { format!("profile {name}") };
+        let from_credentials = self
+            .credentials
+            .as_ref()
+            .and_then(|(f, s)| s.get(name).map(|k| (f, k)));
+        let config_section = if name == "default" {
+            "default".to_string()
+        } else {
+            format!("profile {name}")
+        };
         let from_config = self.config.as_ref().and_then(|(f, s)| {
-            s.get(&config_section).or_else(|| (name == "default").then(|| s.get("profile default")).flatten()).map(|k| (f, k))
+            s.get(&config_section)
+                .or_else(|| {
+                    (name == "default")
+                        .then(|| s.get("profile default"))
+                        .flatten()
+                })
+                .map(|k| (f, k))
         });
         match (from_credentials, from_config) {
             (None, None) => None,
             (Some((file, keys)), config) => {
                 let mut merged = config.map(|(_, k)| k.clone()).unwrap_or_default();
                 // The credentials file wins for credential keys; the config file keeps the rest.
-                if keys.contains_key("aws_access_key_id") || keys.contains_key("aws_secret_access_key") {
+                if keys.contains_key("aws_access_key_id")
+                    || keys.contains_key("aws_secret_access_key")
+                {
                     merged.retain(|k, _| !k.starts_with("aws_"));
                 }
                 merged.extend(keys.iter().map(|(k, v)| (k.clone(), v.clone())));
-                Some(Profile { file: file.clone(), keys: merged })
+                Some(Profile {
+                    file: file.clone(),
+                    keys: merged,
+                })
             }
-            (None, Some((file, keys))) => Some(Profile { file: file.clone(), keys: keys.clone() }),
+            (None, Some((file, keys))) => Some(Profile {
+                file: file.clone(),
+                keys: keys.clone(),
+            }),
         }
     }
 }
@@ -371,10 +440,19 @@ fn parse_ini(text: &str) -> Sections {
             current = Some(name);
             continue;
         }
-        let (Some(section), Some((key, value))) = (&current, line.split_once('=')) else { continue };
+        let (Some(section), Some((key, value))) = (&current, line.split_once('=')) else {
+            continue;
+        };
         let value = value.trim();
         // Inline comments need whitespace before them, as in the AWS CLI.
-        let value = value.split(" #").next().unwrap_or(value).split(" ;").next().unwrap_or(value).trim();
+        let value = value
+            .split(" #")
+            .next()
+            .unwrap_or(value)
+            .split(" ;")
+            .next()
+            .unwrap_or(value)
+            .trim();
         sections
             .get_mut(section)
             .expect("section inserted above")
@@ -382,7 +460,6 @@ fn parse_ini(text: &str) -> Sections {
     }
     sections
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -401,7 +478,10 @@ mod tests {
     }
 
     fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         move |name: &str| map.get(name).cloned()
     }
 
@@ -411,10 +491,17 @@ mod tests {
     fn chain_order_explicit_then_env_then_profile() {
         let dir = tempfile::tempdir().unwrap();
         let creds = dir.path().join("credentials");
-        std::fs::write(&creds, "[default]\naws_access_key_id = AKIDFILE\naws_secret_access_key = file-secret-1\n").unwrap();
+        std::fs::write(
+            &creds,
+            "[default]\naws_access_key_id = AKIDFILE\naws_secret_access_key = file-secret-1\n",
+        )
+        .unwrap();
         let files = [
             ("AWS_SHARED_CREDENTIALS_FILE", creds.display().to_string()),
-            ("AWS_CONFIG_FILE", dir.path().join("none").display().to_string()),
+            (
+                "AWS_CONFIG_FILE",
+                dir.path().join("none").display().to_string(),
+            ),
         ];
         let mut with_env = files.to_vec();
         with_env.push(("AWS_ACCESS_KEY_ID", "AKIDENV".to_string()));
@@ -426,15 +513,27 @@ mod tests {
         assert_eq!(r.source, CredentialSource::Config);
         let c = r.credentials.unwrap();
         assert_eq!(c.access_key, "AKIDCONF");
-        assert!(c.session_token.is_empty(), "explicit keys do not pick up the environment's token");
+        assert!(
+            c.session_token.is_empty(),
+            "explicit keys do not pick up the environment's token"
+        );
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_env)).unwrap();
         assert_eq!(r.source, CredentialSource::Environment);
         let c = r.credentials.unwrap();
-        assert_eq!((c.access_key.as_str(), c.secret_key.expose(), c.session_token.expose()), ("AKIDENV", "env-secret-1", "env-token-1"));
+        assert_eq!(
+            (
+                c.access_key.as_str(),
+                c.secret_key.expose(),
+                c.session_token.expose()
+            ),
+            ("AKIDENV", "env-secret-1", "env-token-1")
+        );
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&files)).unwrap();
-        assert!(matches!(r.source, CredentialSource::Profile { ref profile, .. } if profile == "default"));
+        assert!(
+            matches!(r.source, CredentialSource::Profile { ref profile, .. } if profile == "default")
+        );
         assert_eq!(r.credentials.unwrap().secret_key.expose(), "file-secret-1");
     }
 
@@ -467,12 +566,19 @@ mod tests {
         assert_eq!(r.credentials.unwrap().access_key, "AKIDDEF");
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("half")));
-        assert_eq!(r.unwrap_err().status, Status::Auth, "half a key pair is an error");
+        assert_eq!(
+            r.unwrap_err().status,
+            Status::Auth,
+            "half a key pair is an error"
+        );
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("cfgonly"))).unwrap();
         assert_eq!(r.profile_region.as_deref(), Some("us-west-2"));
         let c = r.credentials.unwrap();
-        assert_eq!((c.access_key.as_str(), c.secret_key.expose()), ("AKIDCFG", "cfg-secret"));
+        assert_eq!(
+            (c.access_key.as_str(), c.secret_key.expose()),
+            ("AKIDCFG", "cfg-secret")
+        );
         assert!(matches!(r.source, CredentialSource::Profile { ref file, .. } if file == &config));
 
         let e = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("assumed"))).unwrap_err();
@@ -495,20 +601,37 @@ mod tests {
         .unwrap();
         let env = vec![
             ("AWS_SHARED_CREDENTIALS_FILE", creds.display().to_string()),
-            ("AWS_CONFIG_FILE", dir.path().join("none").display().to_string()),
+            (
+                "AWS_CONFIG_FILE",
+                dir.path().join("none").display().to_string(),
+            ),
             ("AWS_PROFILE", "team".to_string()),
         ];
-        let c = resolve_credentials(&s3(NO_KEYS), &env_of(&env)).unwrap().credentials.unwrap();
-        assert_eq!((c.secret_key.expose(), c.session_token.expose()), ("team-secret", "team-token"));
+        let c = resolve_credentials(&s3(NO_KEYS), &env_of(&env))
+            .unwrap()
+            .credentials
+            .unwrap();
+        assert_eq!(
+            (c.secret_key.expose(), c.session_token.expose()),
+            ("team-secret", "team-token")
+        );
         let debug = format!("{c:?}");
-        assert!(!debug.contains("team-secret") && !debug.contains("team-token") && !debug.contains("AKIDTEAM"), "{debug}");
+        assert!(
+            !debug.contains("team-secret")
+                && !debug.contains("team-token")
+                && !debug.contains("AKIDTEAM"),
+            "{debug}"
+        );
     }
 
     #[test]
     fn providers_after_the_files() {
         let dir = tempfile::tempdir().unwrap();
         let none = dir.path().join("none").display().to_string();
-        let base = vec![("AWS_SHARED_CREDENTIALS_FILE", none.clone()), ("AWS_CONFIG_FILE", none)];
+        let base = vec![
+            ("AWS_SHARED_CREDENTIALS_FILE", none.clone()),
+            ("AWS_CONFIG_FILE", none),
+        ];
         let mut web = base.clone();
         web.push(("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token".to_string()));
         web.push(("AWS_ROLE_ARN", "arn:aws:iam::1:role/r".to_string()));
@@ -516,11 +639,16 @@ mod tests {
         assert!(r.credentials.is_none());
         assert!(matches!(r.source, CredentialSource::Provider(p) if p.starts_with("web identity")));
         let mut ecs = base.clone();
-        ecs.push(("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/creds".to_string()));
+        ecs.push((
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "/v2/creds".to_string(),
+        ));
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&ecs)).unwrap();
         assert!(matches!(r.source, CredentialSource::Provider(p) if p.contains("ECS")));
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&base)).unwrap();
-        assert!(matches!(r.source, CredentialSource::Provider(p) if p.contains("instance metadata")));
+        assert!(
+            matches!(r.source, CredentialSource::Provider(p) if p.contains("instance metadata"))
+        );
         let mut off = base.clone();
         off.push(("AWS_EC2_METADATA_DISABLED", "true".to_string()));
         let e = resolve_credentials(&s3(NO_KEYS), &env_of(&off)).unwrap_err();
@@ -528,7 +656,12 @@ mod tests {
         assert!(e.message.contains("no S3 credentials"), "{}", e.message);
         let mut half = base;
         half.push(("AWS_ACCESS_KEY_ID", "AKIDHALF".to_string()));
-        assert_eq!(resolve_credentials(&s3(NO_KEYS), &env_of(&half)).unwrap_err().status, Status::Auth);
+        assert_eq!(
+            resolve_credentials(&s3(NO_KEYS), &env_of(&half))
+                .unwrap_err()
+                .status,
+            Status::Auth
+        );
     }
 
     #[test]
@@ -536,14 +669,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // A directory where the file should be: reading it fails with something else than NotFound.
         let env = vec![
-            ("AWS_SHARED_CREDENTIALS_FILE", dir.path().display().to_string()),
-            ("AWS_CONFIG_FILE", dir.path().join("none").display().to_string()),
+            (
+                "AWS_SHARED_CREDENTIALS_FILE",
+                dir.path().display().to_string(),
+            ),
+            (
+                "AWS_CONFIG_FILE",
+                dir.path().join("none").display().to_string(),
+            ),
         ];
         let explicit = s3(r#"{"bucket":"b","access_key":"AKIDCONF","secret_key":"conf-secret-2"}"#);
-        assert_eq!(resolve_credentials(&explicit, &env_of(&env)).unwrap().source, CredentialSource::Config);
+        assert_eq!(
+            resolve_credentials(&explicit, &env_of(&env))
+                .unwrap()
+                .source,
+            CredentialSource::Config
+        );
         let e = resolve_credentials(&s3(NO_KEYS), &env_of(&env)).unwrap_err();
         assert_eq!(e.status, Status::Auth);
-        assert!(e.message.contains("cannot read AWS profile file"), "{}", e.message);
+        assert!(
+            e.message.contains("cannot read AWS profile file"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -56,8 +56,12 @@ pub(super) struct LocalFiles {
 /// store's own file operations. The directory is created if missing.
 pub(super) fn open(config: &LocalConfig) -> Result<(DynStore, Arc<LocalFiles>)> {
     let root = &config.path;
-    std::fs::create_dir_all(root)
-        .map_err(|e| Error::config(format!("cannot create local store directory {}: {e}", root.display())))?;
+    std::fs::create_dir_all(root).map_err(|e| {
+        Error::config(format!(
+            "cannot create local store directory {}: {e}",
+            root.display()
+        ))
+    })?;
     let fs = LocalFileSystem::new_with_prefix(root)
         .map_err(|e| Error::config(format!("local store {}: {e}", root.display())))?
         .with_automatic_cleanup(true);
@@ -74,9 +78,14 @@ pub(super) fn open(config: &LocalConfig) -> Result<(DynStore, Arc<LocalFiles>)> 
 /// A local store must take new files: found at start, not by the first store job.
 pub(super) fn check_writable(root: &FsPath) -> Result<()> {
     use std::io::Write;
-    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     // A name no object can have (object names never start with a dot).
-    let probe = root.join(format!(".kvtier-write-probe-{}-{nonce}", std::process::id()));
+    let probe = root.join(format!(
+        ".kvtier-write-probe-{}-{nonce}",
+        std::process::id()
+    ));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -84,9 +93,22 @@ pub(super) fn check_writable(root: &FsPath) -> Result<()> {
         .and_then(|mut file| file.write_all(b"kvtier"));
     let _ = std::fs::remove_file(&probe);
     written.map_err(|e| {
-        let denied = matches!(e.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem);
-        let status = if denied { Status::PermissionDenied } else { Status::Config };
-        Error::new(status, format!("local store directory {} is not writable: {e}", root.display()))
+        let denied = matches!(
+            e.kind(),
+            io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem
+        );
+        let status = if denied {
+            Status::PermissionDenied
+        } else {
+            Status::Config
+        };
+        Error::new(
+            status,
+            format!(
+                "local store directory {} is not writable: {e}",
+                root.display()
+            ),
+        )
     })
 }
 
@@ -97,14 +119,17 @@ fn aligned(ptr: *const u8, len: usize) -> bool {
 fn io_error(op: &str, name: &str, e: &io::Error) -> Error {
     let status = match e.kind() {
         io::ErrorKind::NotFound => Status::NotFound,
-        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => Status::PermissionDenied,
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+            Status::PermissionDenied
+        }
         _ => Status::Io,
     };
     Error::new(status, format!("{op} {name}: {e}"))
 }
 
 fn c_path(path: &FsPath) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
 }
 
 impl LocalFiles {
@@ -118,7 +143,13 @@ impl LocalFiles {
 
     /// Creates `dir` (and its parents) unless this store already did.
     fn ensure_dir(&self, dir: &FsPath, known_missing: bool) -> io::Result<()> {
-        if !known_missing && self.made_dirs.lock().unwrap_or_else(|p| p.into_inner()).contains(dir) {
+        if !known_missing
+            && self
+                .made_dirs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(dir)
+        {
             return Ok(());
         }
         std::fs::create_dir_all(dir)?;
@@ -164,10 +195,18 @@ impl LocalFiles {
     }
 
     /// Writes one block under `name`; see the module comment. Blocks the calling thread.
-    pub(super) fn write(&self, name: &str, body: &[u8], crc: Option<u32>, create: bool) -> Result<Written> {
+    pub(super) fn write(
+        &self,
+        name: &str,
+        body: &[u8],
+        crc: Option<u32>,
+        create: bool,
+    ) -> Result<Written> {
         let target = self.file_path(name);
         let direct = self.o_direct && aligned(body.as_ptr(), body.len());
-        let (file, temp, _) = self.create_temp(&target, direct).map_err(|e| io_error("store", name, &e))?;
+        let (file, temp, _) = self
+            .create_temp(&target, direct)
+            .map_err(|e| io_error("store", name, &e))?;
         let published = self.fill_and_publish(&file, &temp, &target, body, crc, create);
         if !matches!(published, Ok(Written::Stored)) {
             let _ = std::fs::remove_file(&temp);
@@ -191,7 +230,11 @@ impl LocalFiles {
         if self.fsync != FsyncPolicy::None {
             file.sync_data()?;
         }
-        let outcome = if create { publish_new(temp, target)? } else { publish(temp, target)? };
+        let outcome = if create {
+            publish_new(temp, target)?
+        } else {
+            publish(temp, target)?
+        };
         if outcome == Written::Stored && self.fsync == FsyncPolicy::Full {
             File::open(target.parent().unwrap_or(&self.root))?.sync_all()?;
         }
@@ -219,11 +262,17 @@ impl LocalFiles {
             other => (other, direct),
         };
         let file = file.map_err(|e| io_error("load", name, &e))?;
-        let size = file.metadata().map_err(|e| io_error("load", name, &e))?.len();
+        let size = file
+            .metadata()
+            .map_err(|e| io_error("load", name, &e))?
+            .len();
         if size != dest.len() as u64 {
             return Err(Error::new(
                 Status::LengthMismatch,
-                format!("load {name}: object holds {size} bytes but blocks are {} bytes", dest.len()),
+                format!(
+                    "load {name}: object holds {size} bytes but blocks are {} bytes",
+                    dest.len()
+                ),
             ));
         }
         let recorded = integrity::file_checksum(&file);
@@ -251,7 +300,10 @@ impl LocalFiles {
             }
             done += n;
         }
-        Ok(ReadBlock { recorded, computed: checksum.then_some(crc) })
+        Ok(ReadBlock {
+            recorded,
+            computed: checksum.then_some(crc),
+        })
     }
 
     /// Whether a block is stored under `name`: a `stat`, microseconds on a warm dentry
@@ -284,7 +336,13 @@ fn publish_new(temp: &FsPath, target: &FsPath) -> io::Result<Written> {
     // SAFETY: two NUL-terminated paths that outlive the call; AT_FDCWD with absolute or
     // cwd-relative paths, as `rename` would use them.
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     if rc == 0 {
         return Ok(Written::Stored);
@@ -309,12 +367,17 @@ fn publish_new(temp: &FsPath, target: &FsPath) -> io::Result<Written> {
 
 fn warn_no_direct(e: &io::Error) {
     static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| log::warn!("the local store's file system refuses O_DIRECT ({e}); using buffered I/O"));
+    WARNED.call_once(|| {
+        log::warn!("the local store's file system refuses O_DIRECT ({e}); using buffered I/O")
+    });
 }
 
 impl std::fmt::Debug for LocalFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalFiles").field("root", &self.root).field("o_direct", &self.o_direct).finish()
+        f.debug_struct("LocalFiles")
+            .field("root", &self.root)
+            .field("o_direct", &self.o_direct)
+            .finish()
     }
 }
 
@@ -323,33 +386,53 @@ mod tests {
     use super::*;
 
     fn files(dir: &FsPath, o_direct: bool, fsync: FsyncPolicy) -> Arc<LocalFiles> {
-        let config = LocalConfig { path: dir.to_path_buf(), o_direct, fsync };
+        let config = LocalConfig {
+            path: dir.to_path_buf(),
+            o_direct,
+            fsync,
+        };
         open(&config).unwrap().1
     }
 
     #[test]
     fn write_read_exists_delete() {
         let dir = tempfile::tempdir().unwrap();
-        for (o_direct, fsync) in [(false, FsyncPolicy::None), (true, FsyncPolicy::Full), (false, FsyncPolicy::Data)] {
+        for (o_direct, fsync) in [
+            (false, FsyncPolicy::None),
+            (true, FsyncPolicy::Full),
+            (false, FsyncPolicy::Data),
+        ] {
             let f = files(dir.path(), o_direct, fsync);
             let body: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
             let name = format!("a/b/c-{o_direct}-{fsync:?}.bin");
             assert!(!f.exists(&name).unwrap());
             let crc = integrity::checksum(&body);
-            assert_eq!(f.write(&name, &body, Some(crc), false).unwrap(), Written::Stored);
+            assert_eq!(
+                f.write(&name, &body, Some(crc), false).unwrap(),
+                Written::Stored
+            );
             assert!(f.exists(&name).unwrap());
             let mut dest = vec![0u8; body.len()];
             let read = f.read(&name, &mut dest, true).unwrap();
             assert_eq!(dest, body);
             assert_eq!(read.computed, Some(crc));
             let mut short = vec![0u8; body.len() + 1];
-            assert_eq!(f.read(&name, &mut short, true).unwrap_err().status, Status::LengthMismatch);
+            assert_eq!(
+                f.read(&name, &mut short, true).unwrap_err().status,
+                Status::LengthMismatch
+            );
             f.delete(&name).unwrap();
             assert!(!f.exists(&name).unwrap());
-            assert_eq!(f.read(&name, &mut dest, true).unwrap_err().status, Status::NotFound);
+            assert_eq!(
+                f.read(&name, &mut dest, true).unwrap_err().status,
+                Status::NotFound
+            );
         }
         // No temporary file is left behind.
-        let leftovers: Vec<_> = walk(dir.path()).into_iter().filter(|p| p.contains(TEMP_PREFIX)).collect();
+        let leftovers: Vec<_> = walk(dir.path())
+            .into_iter()
+            .filter(|p| p.contains(TEMP_PREFIX))
+            .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
@@ -357,12 +440,24 @@ mod tests {
     fn create_publishes_once_and_overwrite_replaces() {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path(), false, FsyncPolicy::None);
-        assert_eq!(f.write("k/x", b"first", None, true).unwrap(), Written::Stored);
-        assert_eq!(f.write("k/x", b"second", None, true).unwrap(), Written::AlreadyStored);
+        assert_eq!(
+            f.write("k/x", b"first", None, true).unwrap(),
+            Written::Stored
+        );
+        assert_eq!(
+            f.write("k/x", b"second", None, true).unwrap(),
+            Written::AlreadyStored
+        );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"first");
-        assert_eq!(f.write("k/x", b"third", None, false).unwrap(), Written::Stored);
+        assert_eq!(
+            f.write("k/x", b"third", None, false).unwrap(),
+            Written::Stored
+        );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"third");
-        let leftovers: Vec<_> = walk(dir.path()).into_iter().filter(|p| p.contains(TEMP_PREFIX)).collect();
+        let leftovers: Vec<_> = walk(dir.path())
+            .into_iter()
+            .filter(|p| p.contains(TEMP_PREFIX))
+            .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{GetOptions, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    GetOptions, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 
 use crate::config::StoreConfig;
 use crate::error::{Error, Result, Status};
@@ -43,7 +45,10 @@ enum Backend {
     /// view of caller memory.
     Memory,
     /// An S3-compatible server.
-    S3 { ca_bundle: String, credentials: CredentialSource },
+    S3 {
+        ca_bundle: String,
+        credentials: CredentialSource,
+    },
 }
 
 /// A store as a tier (or the command line) uses it.
@@ -85,7 +90,10 @@ pub(crate) struct DirectCounts {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("describe", &self.describe).field("client", &self.client).finish()
+        f.debug_struct("Store")
+            .field("describe", &self.describe)
+            .field("client", &self.client)
+            .finish()
     }
 }
 
@@ -100,10 +108,18 @@ impl Store {
                 let (client, files) = local::open(local)?;
                 (client, Backend::Local { files }, None, 0)
             }
-            StoreConfig::Memory(_) => (Arc::new(InMemory::new()) as DynStore, Backend::Memory, None, 0),
+            StoreConfig::Memory(_) => (
+                Arc::new(InMemory::new()) as DynStore,
+                Backend::Memory,
+                None,
+                0,
+            ),
             StoreConfig::S3(config) => {
                 let built = s3::open(config)?;
-                let backend = Backend::S3 { ca_bundle: config.ca_bundle.clone(), credentials: built.credentials };
+                let backend = Backend::S3 {
+                    ca_bundle: config.ca_bundle.clone(),
+                    credentials: built.credentials,
+                };
                 (built.client, backend, built.direct, config.max_retries)
             }
         };
@@ -158,7 +174,10 @@ impl Store {
             Err(e) => match classify(&e) {
                 Status::NotFound => Ok(false),
                 Status::PermissionDenied if missing_is_forbidden => Ok(false),
-                status => Err(Error::new(status, format!("exists {path}: {}", error_chain(&e)))),
+                status => Err(Error::new(
+                    status,
+                    format!("exists {path}: {}", error_chain(&e)),
+                )),
             },
         }
     }
@@ -166,7 +185,13 @@ impl Store {
     /// Writes one block. `crc` is recorded beside the bytes; `create` asks the store to
     /// refuse the write if the object exists (conditional PUT), which then answers
     /// [`Written::AlreadyStored`].
-    pub(crate) async fn write_block(&self, path: &Path, body: Bytes, crc: Option<u32>, create: bool) -> Result<Written> {
+    pub(crate) async fn write_block(
+        &self,
+        path: &Path,
+        body: Bytes,
+        crc: Option<u32>,
+        create: bool,
+    ) -> Result<Written> {
         if let Backend::Local { files } = &self.backend {
             let (files, name) = (files.clone(), path.to_string());
             return tokio::task::spawn_blocking(move || files.write(&name, &body, crc, create))
@@ -181,11 +206,27 @@ impl Store {
             Backend::Memory => Bytes::copy_from_slice(&body),
             _ => body,
         };
-        let mode = if create { PutMode::Create } else { PutMode::Overwrite };
-        let options = PutOptions { mode, attributes, ..Default::default() };
+        let mode = if create {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        };
+        let options = PutOptions {
+            mode,
+            attributes,
+            ..Default::default()
+        };
         // A conditional PUT cut short by a timeout or a reset is repeated here: object_store
         // repeats only PUTs it deems idempotent, and a repeat that finds the object is a 412.
-        match classify::put_with_retries(&self.client, path, PutPayload::from_bytes(body), options, self.max_retries).await {
+        match classify::put_with_retries(
+            &self.client,
+            path,
+            PutPayload::from_bytes(body),
+            options,
+            self.max_retries,
+        )
+        .await
+        {
             Ok(_) => Ok(Written::Stored),
             Err(object_store::Error::AlreadyExists { .. }) => Ok(Written::AlreadyStored),
             Err(e) => Err(op_error("store", path, &e)),
@@ -196,21 +237,41 @@ impl Store {
     /// computes the CRC32C of the bytes read; `allow_direct` lets a plain-http S3 endpoint
     /// answer on the direct path (falling back to the client on anything unexpected).
     /// On error the slot may hold partial data.
-    pub(crate) async fn read_block(&self, path: &Path, slot: &mut BlockSlot, checksum: bool, allow_direct: bool) -> Result<ReadBlock> {
+    pub(crate) async fn read_block(
+        &self,
+        path: &Path,
+        slot: &mut BlockSlot,
+        checksum: bool,
+        allow_direct: bool,
+    ) -> Result<ReadBlock> {
         if let Backend::Local { files } = &self.backend {
             let (files, name, mut dest) = (files.clone(), path.to_string(), slot.reborrow());
             // The slot is used by the blocking task alone until it is awaited here.
-            return tokio::task::spawn_blocking(move || files.read(&name, dest.as_mut_slice(), checksum))
-                .await
-                .map_err(|e| Error::join(&format!("load {path}"), &e))?;
+            return tokio::task::spawn_blocking(move || {
+                files.read(&name, dest.as_mut_slice(), checksum)
+            })
+            .await
+            .map_err(|e| Error::join(&format!("load {path}"), &e))?;
         }
         if let (Some(direct), true) = (&self.direct, allow_direct) {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             let block_bytes = slot.len();
-            match direct.get_into(path.as_ref(), slot.as_mut_slice(), checksum).await {
-                Ok((recorded, computed)) => return Ok(ReadBlock { recorded, computed: checksum.then_some(computed) }),
-                Err(DirectError::Final(status, detail)) => return Err(Error::new(status, format!("load {path}: {detail}"))),
-                Err(DirectError::WrongLength(size)) => return Err(length_mismatch(path, size, block_bytes)),
+            match direct
+                .get_into(path.as_ref(), slot.as_mut_slice(), checksum)
+                .await
+            {
+                Ok((recorded, computed)) => {
+                    return Ok(ReadBlock {
+                        recorded,
+                        computed: checksum.then_some(computed),
+                    })
+                }
+                Err(DirectError::Final(status, detail)) => {
+                    return Err(Error::new(status, format!("load {path}: {detail}")))
+                }
+                Err(DirectError::WrongLength(size)) => {
+                    return Err(length_mismatch(path, size, block_bytes))
+                }
                 Err(DirectError::Fallback(why)) => {
                     self.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
                     log::debug!("load {path}: direct GET failed ({why}); repeating it through the store client");
@@ -220,11 +281,20 @@ impl Store {
         self.read_block_through_client(path, slot, checksum).await
     }
 
-    async fn read_block_through_client(&self, path: &Path, slot: &mut BlockSlot, checksum: bool) -> Result<ReadBlock> {
+    async fn read_block_through_client(
+        &self,
+        path: &Path,
+        slot: &mut BlockSlot,
+        checksum: bool,
+    ) -> Result<ReadBlock> {
         let block_bytes = slot.len();
         // The whole object, without Range: servers that ignore Range answer 200 either way,
         // and the size in the answer's head settles the length before any byte is read.
-        let got = self.client.get_opts(path, GetOptions::default()).await.map_err(|e| op_error("load", path, &e))?;
+        let got = self
+            .client
+            .get_opts(path, GetOptions::default())
+            .await
+            .map_err(|e| op_error("load", path, &e))?;
         if got.meta.size != block_bytes as u64 {
             return Err(length_mismatch(path, got.meta.size, block_bytes));
         }
@@ -242,7 +312,10 @@ impl Store {
                 .map_err(|e| Error::join(&format!("load {path}"), &e))?;
                 read.map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        Error::new(Status::LengthMismatch, format!("load {path}: object shorter than {block_bytes} bytes"))
+                        Error::new(
+                            Status::LengthMismatch,
+                            format!("load {path}: object shorter than {block_bytes} bytes"),
+                        )
                     } else {
                         Error::new(Status::Io, format!("load {path}: {e}"))
                     }
@@ -257,7 +330,11 @@ impl Store {
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk.map_err(|e| op_error("load", path, &e))?;
                     let Some(piece) = dest.get_mut(filled..filled + chunk.len()) else {
-                        return Err(length_mismatch(path, (filled + chunk.len()) as u64, block_bytes));
+                        return Err(length_mismatch(
+                            path,
+                            (filled + chunk.len()) as u64,
+                            block_bytes,
+                        ));
                     };
                     piece.copy_from_slice(&chunk);
                     if checksum {
@@ -269,7 +346,10 @@ impl Store {
                 if filled != block_bytes {
                     return Err(length_mismatch(path, filled as u64, block_bytes));
                 }
-                Ok(ReadBlock { recorded, computed: checksum.then_some(crc) })
+                Ok(ReadBlock {
+                    recorded,
+                    computed: checksum.then_some(crc),
+                })
             }
         }
     }
@@ -279,7 +359,10 @@ impl Store {
         if let Backend::Local { files } = &self.backend {
             return files.delete(path.as_ref());
         }
-        self.client.delete(path).await.map_err(|e| op_error("delete", path, &e))
+        self.client
+            .delete(path)
+            .await
+            .map_err(|e| op_error("delete", path, &e))
     }
 
     /// Looks up a key that never exists, and fails with advice a user can act on if the
@@ -294,7 +377,7 @@ impl Store {
 
     /// Whether the store refuses a second create of one object (conditional PUT), asked
     /// with an object named after `probe_name`.
-    pub(crate) async fn honours_conditional_put(&self, probe_name: &str) -> bool {
+    pub async fn honours_conditional_put(&self, probe_name: &str) -> bool {
         probe::honours_conditional_put(self, probe_name).await
     }
 }
@@ -306,13 +389,17 @@ fn describe(config: &StoreConfig) -> String {
         StoreConfig::S3(s3) => format!(
             "s3 bucket {:?} at {}",
             s3.bucket,
-            s3::endpoint_url(&s3.endpoint_override, s3.scheme.as_deref()).unwrap_or_else(|| "AWS".to_string())
+            s3::endpoint_url(&s3.endpoint_override, s3.scheme.as_deref())
+                .unwrap_or_else(|| "AWS".to_string())
         ),
     }
 }
 
 fn length_mismatch(path: &Path, got: u64, want: usize) -> Error {
-    Error::new(Status::LengthMismatch, format!("load {path}: object holds {got} bytes but blocks are {want} bytes"))
+    Error::new(
+        Status::LengthMismatch,
+        format!("load {path}: object holds {got} bytes but blocks are {want} bytes"),
+    )
 }
 
 /// The one `Path` of an object name, used by every request about that object (PUT, GET,

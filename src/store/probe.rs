@@ -70,7 +70,13 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
     let detail = error_chain(error);
     let describe = store.describe();
     let (ca_bundle, credentials) = match &store.backend {
-        Backend::S3 { ca_bundle, credentials } => (ca_bundle.as_str(), format!(" (credentials from {credentials})")),
+        Backend::S3 {
+            ca_bundle,
+            credentials,
+        } => (
+            ca_bundle.as_str(),
+            format!(" (credentials from {credentials})"),
+        ),
         _ => ("", String::new()),
     };
     let advice = match status {
@@ -91,8 +97,17 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
         }
         _ => "the store returned an error: check endpoint_override, scheme and the server's logs".to_string(),
     };
-    let status = if status == Status::Timeout || status == Status::Io { Status::Connect } else { status };
-    Error::new(status, super::credentials::scrub(&format!("connectivity probe of {describe} failed: {advice} ({detail})")))
+    let status = if status == Status::Timeout || status == Status::Io {
+        Status::Connect
+    } else {
+        status
+    };
+    Error::new(
+        status,
+        super::credentials::scrub(&format!(
+            "connectivity probe of {describe} failed: {advice} ({detail})"
+        )),
+    )
 }
 
 fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str) -> String {
@@ -134,9 +149,13 @@ fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str) -> String {
 pub(super) async fn honours_conditional_put(store: &Store, probe_name: &str) -> bool {
     let path = object_path(&format!("{probe_name}-conditional-put"));
     let client = &store.client;
-    let create = || PutOptions { mode: PutMode::Create, ..Default::default() };
+    let create = || PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
     let put = || client.put_opts(&path, PutPayload::from_static(b"kvtier"), create());
-    let already = |r: &object_store::Result<_>| matches!(r, Err(object_store::Error::AlreadyExists { .. }));
+    let already =
+        |r: &object_store::Result<_>| matches!(r, Err(object_store::Error::AlreadyExists { .. }));
     // A refused create proves the condition is honoured (the object is a leftover, or
     // another tier's probe in progress). A store that ignores it answers OK twice; as
     // another starting tier may delete the object between the two creates, that is asked

@@ -21,7 +21,11 @@ pub(crate) fn endpoint_url(endpoint_override: &str, scheme: Option<&str>) -> Opt
     if endpoint_override.contains("://") {
         return Some(endpoint_override.trim_end_matches('/').to_string());
     }
-    Some(format!("{}://{}", scheme.unwrap_or("https"), endpoint_override.trim_end_matches('/')))
+    Some(format!(
+        "{}://{}",
+        scheme.unwrap_or("https"),
+        endpoint_override.trim_end_matches('/')
+    ))
 }
 
 /// The endpoint handed to `object_store`. With virtual-hosted addressing the bucket is
@@ -32,7 +36,9 @@ pub(crate) fn s3_endpoint(s3: &S3Config) -> Option<String> {
     if !s3.use_virtual_addressing {
         return Some(url);
     }
-    let (scheme, rest) = url.split_once("://").expect("endpoint_url always has a scheme");
+    let (scheme, rest) = url
+        .split_once("://")
+        .expect("endpoint_url always has a scheme");
     if rest.starts_with(&format!("{}.", s3.bucket)) {
         return Some(url);
     }
@@ -69,7 +75,10 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
             base: 2.0,
         },
         max_retries: s3.max_retries,
-        retry_timeout: Duration::from_millis(s3.request_timeout_ms.saturating_mul(s3.max_retries as u64 + 1)),
+        retry_timeout: Duration::from_millis(
+            s3.request_timeout_ms
+                .saturating_mul(s3.max_retries as u64 + 1),
+        ),
     };
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(&s3.bucket)
@@ -99,24 +108,37 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
         let credential = AwsCredential {
             key_id: creds.access_key.clone(),
             secret_key: creds.secret_key.expose().to_string(),
-            token: (!creds.session_token.is_empty()).then(|| creds.session_token.expose().to_string()),
+            token: (!creds.session_token.is_empty())
+                .then(|| creds.session_token.expose().to_string()),
         };
         builder = builder.with_credentials(Arc::new(StaticCredentialProvider::new(credential)));
     }
-    log::debug!("s3 bucket {:?}: credentials from {}", s3.bucket, resolved.source);
+    log::debug!(
+        "s3 bucket {:?}: credentials from {}",
+        s3.bucket,
+        resolved.source
+    );
     let built = builder
         .build()
         .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?;
-    let direct = endpoint.and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
-    Ok(S3Store { client: Arc::new(built), credentials: resolved.source, direct })
+    let direct =
+        endpoint.and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
+    Ok(S3Store {
+        client: Arc::new(built),
+        credentials: resolved.source,
+        direct,
+    })
 }
 
 fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
-    let pem = std::fs::read(path).map_err(|e| Error::config(format!("store.ca_bundle {path}: {e}")))?;
+    let pem =
+        std::fs::read(path).map_err(|e| Error::config(format!("store.ca_bundle {path}: {e}")))?;
     let certs = object_store::Certificate::from_pem_bundle(&pem)
         .map_err(|e| Error::config(format!("store.ca_bundle {path} is not a PEM bundle: {e}")))?;
     if certs.is_empty() {
-        return Err(Error::config(format!("store.ca_bundle {path} holds no certificate")));
+        return Err(Error::config(format!(
+            "store.ca_bundle {path} holds no certificate"
+        )));
     }
     Ok(certs)
 }
@@ -132,20 +154,32 @@ mod tests {
     #[test]
     fn endpoint_url_scheme_rules() {
         assert_eq!(endpoint_url("", Some("http")), None);
-        assert_eq!(endpoint_url("localhost:9000", None).unwrap(), "https://localhost:9000");
-        assert_eq!(endpoint_url("localhost:9000", Some("http")).unwrap(), "http://localhost:9000");
-        assert_eq!(endpoint_url("https://s3.example.com/", Some("http")).unwrap(), "https://s3.example.com");
+        assert_eq!(
+            endpoint_url("localhost:9000", None).unwrap(),
+            "https://localhost:9000"
+        );
+        assert_eq!(
+            endpoint_url("localhost:9000", Some("http")).unwrap(),
+            "http://localhost:9000"
+        );
+        assert_eq!(
+            endpoint_url("https://s3.example.com/", Some("http")).unwrap(),
+            "https://s3.example.com"
+        );
     }
 
     #[test]
     fn virtual_addressing_puts_the_bucket_in_the_host() {
-        let c = s3(r#"{"bucket":"kv","endpoint_override":"minio.local:9000","scheme":"http","use_virtual_addressing":true}"#);
+        let c = s3(
+            r#"{"bucket":"kv","endpoint_override":"minio.local:9000","scheme":"http","use_virtual_addressing":true}"#,
+        );
         assert_eq!(s3_endpoint(&c).unwrap(), "http://kv.minio.local:9000");
-        let c = s3(r#"{"bucket":"kv","endpoint_override":"https://kv.minio.local","use_virtual_addressing":true}"#);
+        let c = s3(
+            r#"{"bucket":"kv","endpoint_override":"https://kv.minio.local","use_virtual_addressing":true}"#,
+        );
         assert_eq!(s3_endpoint(&c).unwrap(), "https://kv.minio.local");
         let c = s3(r#"{"bucket":"kv","endpoint_override":"minio.local:9000"}"#);
         assert_eq!(s3_endpoint(&c).unwrap(), "https://minio.local:9000");
         assert_eq!(s3_endpoint(&s3(r#"{"bucket":"kv"}"#)), None);
     }
-
 }

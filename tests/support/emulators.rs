@@ -34,7 +34,8 @@ use super::{free_port, manifest_dir, spawn_killed_with_parent, READY_TIMEOUT};
 
 /// Azurite's well-known development account and key (published by Microsoft).
 pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
-pub const AZURITE_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+pub const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmulatorKind {
@@ -95,22 +96,40 @@ impl Emulator {
             let port = free_port();
             let log = std::fs::File::create(dir.path().join("script.log")).unwrap();
             let mut cmd = Command::new("bash");
-            cmd.arg(&script).args(["run", kind.name()]).arg(dir.path().join("run")).arg(port.to_string());
+            cmd.arg(&script)
+                .args(["run", kind.name()])
+                .arg(dir.path().join("run"))
+                .arg(port.to_string());
             cmd.stdout(log.try_clone().unwrap()).stderr(log);
-            let mut child = spawn_killed_with_parent(&mut cmd)
-                .unwrap_or_else(|e| panic!("cannot run {}: {e}; {}", script.display(), install_hint()));
+            let mut child = spawn_killed_with_parent(&mut cmd).unwrap_or_else(|e| {
+                panic!("cannot run {}: {e}; {}", script.display(), install_hint())
+            });
             match wait_for_env(&mut child, &dir.path().join("run/env")) {
                 Ok(env) => {
-                    return Emulator { kind, port, env, child: Mutex::new(Some(child)), dir };
+                    return Emulator {
+                        kind,
+                        port,
+                        env,
+                        child: Mutex::new(Some(child)),
+                        dir,
+                    };
                 }
                 Err(e) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    let log = std::fs::read_to_string(dir.path().join("script.log")).unwrap_or_default();
+                    let log =
+                        std::fs::read_to_string(dir.path().join("script.log")).unwrap_or_default();
                     if log.contains("not installed") {
-                        panic!("{} emulator not installed: {log}\n{}", kind.name(), install_hint());
+                        panic!(
+                            "{} emulator not installed: {log}\n{}",
+                            kind.name(),
+                            install_hint()
+                        );
                     }
-                    last = format!("{e}\n--- scripts/emulators.sh run {} ---\n{log}", kind.name());
+                    last = format!(
+                        "{e}\n--- scripts/emulators.sh run {} ---\n{log}",
+                        kind.name()
+                    );
                 }
             }
         }
@@ -135,12 +154,16 @@ impl Emulator {
 
     /// The script's log and the emulator's, for failure messages.
     pub fn log_tail(&self) -> String {
-        let mut text = std::fs::read_to_string(self.dir.path().join("script.log")).unwrap_or_default();
+        let mut text =
+            std::fs::read_to_string(self.dir.path().join("script.log")).unwrap_or_default();
         if let Ok(entries) = std::fs::read_dir(self.dir.path().join("run/log")) {
             for entry in entries.flatten() {
                 let log = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                text.push_str(&format!("\n--- {} ---\n", entry.file_name().to_string_lossy()));
+                text.push_str(&format!(
+                    "\n--- {} ---\n",
+                    entry.file_name().to_string_lossy()
+                ));
                 text.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
             }
         }
@@ -149,7 +172,11 @@ impl Emulator {
 
     /// A name unique in this process, valid as a container and as a bucket name.
     fn unique_name() -> String {
-        format!("kvt-{}-{}", std::process::id(), NAMES.fetch_add(1, Ordering::SeqCst))
+        format!(
+            "kvt-{}-{}",
+            std::process::id(),
+            NAMES.fetch_add(1, Ordering::SeqCst)
+        )
     }
 
     /// Azurite: creates a container with a fresh name and returns the name.
@@ -157,8 +184,14 @@ impl Emulator {
         assert_eq!(self.kind, EmulatorKind::Azurite);
         let name = Self::unique_name();
         let path = format!("/{AZURITE_ACCOUNT}/{name}");
-        let (status, body) = azure_shared_key_request(self.port, "PUT", &path, &[("restype", "container")], AZURITE_KEY)
-            .unwrap_or_else(|e| panic!("Azurite create container {name}: {e}\n{}", self.log_tail()));
+        let (status, body) = azure_shared_key_request(
+            self.port,
+            "PUT",
+            &path,
+            &[("restype", "container")],
+            AZURITE_KEY,
+        )
+        .unwrap_or_else(|e| panic!("Azurite create container {name}: {e}\n{}", self.log_tail()));
         assert_eq!(status, 201, "Azurite create container {name}: {body}");
         name
     }
@@ -168,9 +201,23 @@ impl Emulator {
         assert_eq!(self.kind, EmulatorKind::Gcs);
         let name = Self::unique_name();
         let body = json!({ "name": name }).to_string();
-        let (status, answer) = http_with_body(self.port, "POST", "/storage/v1/b", "application/json", body.as_bytes())
-            .unwrap_or_else(|e| panic!("fake-gcs-server create bucket {name}: {e}\n{}", self.log_tail()));
-        assert_eq!(status, 200, "fake-gcs-server create bucket {name}: {answer}");
+        let (status, answer) = http_with_body(
+            self.port,
+            "POST",
+            "/storage/v1/b",
+            "application/json",
+            body.as_bytes(),
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "fake-gcs-server create bucket {name}: {e}\n{}",
+                self.log_tail()
+            )
+        });
+        assert_eq!(
+            status, 200,
+            "fake-gcs-server create bucket {name}: {answer}"
+        );
         name
     }
 
@@ -230,11 +277,19 @@ fn leak_from_parked_thread(kind: EmulatorKind) -> &'static Emulator {
             }
         })
         .unwrap();
-    rx.recv().unwrap_or_else(|_| panic!("{} emulator failed to start (see the panic above)", kind.name()))
+    rx.recv().unwrap_or_else(|_| {
+        panic!(
+            "{} emulator failed to start (see the panic above)",
+            kind.name()
+        )
+    })
 }
 
 /// Waits until the script has written `env` (it does once the emulator answered HTTP).
-fn wait_for_env(child: &mut Child, env: &std::path::Path) -> Result<HashMap<String, String>, String> {
+fn wait_for_env(
+    child: &mut Child,
+    env: &std::path::Path,
+) -> Result<HashMap<String, String>, String> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -255,8 +310,17 @@ fn wait_for_env(child: &mut Child, env: &std::path::Path) -> Result<HashMap<Stri
 }
 
 /// One plain-HTTP request with a body over a fresh connection; returns the status and body.
-pub fn http_with_body(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2))?;
+pub fn http_with_body(
+    port: u16,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(2),
+    )?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     write!(
         s,
@@ -275,7 +339,10 @@ fn read_answer(mut s: TcpStream) -> std::io::Result<(u16, String)> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -296,15 +363,25 @@ pub fn azure_shared_key_request(
     // Verb, then Content-Encoding, -Language, -Length (empty for none), -MD5, -Type, Date,
     // If-Modified-Since, If-Match, If-None-Match, If-Unmodified-Since, Range, all empty; the
     // x-ms- headers; the resource with its query parameters.
-    let mut to_sign = format!("{method}{}x-ms-date:{date}\nx-ms-version:{version}\n/{AZURITE_ACCOUNT}{path}", "\n".repeat(12));
+    let mut to_sign = format!(
+        "{method}{}x-ms-date:{date}\nx-ms-version:{version}\n/{AZURITE_ACCOUNT}{path}",
+        "\n".repeat(12)
+    );
     for (k, v) in &sorted {
         to_sign.push_str(&format!("\n{k}:{v}"));
     }
     let key = base64_decode(key_base64);
     let signature = base64_encode(&hmac_sha256(&key, to_sign.as_bytes()));
     let query: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let target = if query.is_empty() { path.to_string() } else { format!("{path}?{}", query.join("&")) };
-    let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2))?;
+    let target = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", query.join("&"))
+    };
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(2),
+    )?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     write!(
         s,
@@ -322,8 +399,15 @@ fn hmac_sha256(key: &[u8], data: &[u8]) -> [u8; 32] {
     } else {
         block[..key.len()].copy_from_slice(key);
     }
-    let inner = Sha256::new().chain_update(block.map(|b| b ^ 0x36)).chain_update(data).finalize();
-    Sha256::new().chain_update(block.map(|b| b ^ 0x5c)).chain_update(inner).finalize().into()
+    let inner = Sha256::new()
+        .chain_update(block.map(|b| b ^ 0x36))
+        .chain_update(data)
+        .finalize();
+    Sha256::new()
+        .chain_update(block.map(|b| b ^ 0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
 }
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -331,7 +415,10 @@ const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 fn base64_encode(data: &[u8]) -> String {
     let mut out = String::new();
     for chunk in data.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -361,7 +448,10 @@ fn base64_decode(text: &str) -> Vec<u8> {
 
 /// Now as an HTTP date (`Tue, 01 Dec 2026 11:11:28 GMT`).
 fn rfc1123_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let (days, rem) = ((secs / 86400) as i64, secs % 86400);
     // Howard Hinnant's civil_from_days.
     let z = days + 719468;
@@ -374,7 +464,13 @@ fn rfc1123_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][days.rem_euclid(7) as usize];
-    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"][m as usize - 1];
-    format!("{weekday}, {d:02} {month} {y} {:02}:{:02}:{:02} GMT", rem / 3600, rem % 3600 / 60, rem % 60)
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ][m as usize - 1];
+    format!(
+        "{weekday}, {d:02} {month} {y} {:02}:{:02}:{:02} GMT",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
-

@@ -49,18 +49,31 @@ pub fn ceph_rgw_script() -> PathBuf {
 }
 
 fn install_hint() -> String {
-    format!("run `{}/scripts/install-tools.sh` (the S3 tests need real servers and never skip)", manifest_dir().display())
+    format!(
+        "run `{}/scripts/install-tools.sh` (the S3 tests need real servers and never skip)",
+        manifest_dir().display()
+    )
 }
 
 /// The s3s-fs binary: `$KVTIER_S3S_FS`, else `tools/bin/s3s-fs`.
 pub fn s3s_fs_bin() -> PathBuf {
     if let Ok(p) = std::env::var("KVTIER_S3S_FS") {
         let p = PathBuf::from(p);
-        assert!(p.is_file(), "KVTIER_S3S_FS={} is not a file; {}", p.display(), install_hint());
+        assert!(
+            p.is_file(),
+            "KVTIER_S3S_FS={} is not a file; {}",
+            p.display(),
+            install_hint()
+        );
         return p;
     }
     let p = manifest_dir().join("tools/bin/s3s-fs");
-    assert!(p.is_file(), "s3s-fs not found at {} (nor $KVTIER_S3S_FS); {}", p.display(), install_hint());
+    assert!(
+        p.is_file(),
+        "s3s-fs not found at {} (nor $KVTIER_S3S_FS); {}",
+        p.display(),
+        install_hint()
+    );
     p
 }
 
@@ -68,7 +81,12 @@ pub fn s3s_fs_bin() -> PathBuf {
 pub fn moto_bin() -> PathBuf {
     if let Ok(p) = std::env::var("KVTIER_MOTO_SERVER") {
         let p = PathBuf::from(p);
-        assert!(p.is_file(), "KVTIER_MOTO_SERVER={} is not a file; {}", p.display(), install_hint());
+        assert!(
+            p.is_file(),
+            "KVTIER_MOTO_SERVER={} is not a file; {}",
+            p.display(),
+            install_hint()
+        );
         return p;
     }
     let venv = manifest_dir().join("tools/venv/bin/moto_server");
@@ -78,18 +96,28 @@ pub fn moto_bin() -> PathBuf {
     if let Some(p) = find_in_path("moto_server") {
         return p;
     }
-    panic!("moto_server not found (looked at $KVTIER_MOTO_SERVER, {}, PATH); {}", venv.display(), install_hint());
+    panic!(
+        "moto_server not found (looked at $KVTIER_MOTO_SERVER, {}, PATH); {}",
+        venv.display(),
+        install_hint()
+    );
 }
 
 pub fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file())
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
     })
 }
 
 /// A port nobody listens on right now (the OS picks it).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn spawn_killed_with_parent(cmd: &mut Command) -> std::io::Result<Child> {
@@ -105,7 +133,10 @@ fn spawn_killed_with_parent(cmd: &mut Command) -> std::io::Result<Child> {
 
 /// One plain-HTTP request over a fresh connection; returns the status and body.
 pub fn http_plain(port: u16, method: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2))?;
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(2),
+    )?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut text = String::new();
@@ -115,14 +146,23 @@ pub fn http_plain(port: u16, method: &str, path: &str) -> std::io::Result<(u16, 
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
 /// One plain-HTTP request without a body, signed with SigV4 (region us-east-1), over a
 /// fresh connection; returns the status and body. For servers that check signatures on
 /// every request, such as Ceph RGW's bucket creation.
-pub fn signed_plain(port: u16, method: &str, path: &str, access_key: &str, secret_key: &str) -> std::io::Result<(u16, String)> {
+pub fn signed_plain(
+    port: u16,
+    method: &str,
+    path: &str,
+    access_key: &str,
+    secret_key: &str,
+) -> std::io::Result<(u16, String)> {
     signed_request(port, method, path, b"", access_key, secret_key)
 }
 
@@ -143,12 +183,22 @@ pub fn signed_request(
         } else {
             block[..key.len()].copy_from_slice(key);
         }
-        let inner = Sha256::new().chain_update(block.map(|b| b ^ 0x36)).chain_update(data).finalize();
-        Sha256::new().chain_update(block.map(|b| b ^ 0x5c)).chain_update(inner).finalize().into()
+        let inner = Sha256::new()
+            .chain_update(block.map(|b| b ^ 0x36))
+            .chain_update(data)
+            .finalize();
+        Sha256::new()
+            .chain_update(block.map(|b| b ^ 0x5c))
+            .chain_update(inner)
+            .finalize()
+            .into()
     }
     let hex = |b: &[u8]| kvtier::key::to_hex(b);
     let datetime = {
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
         let (days, rem) = ((secs / 86400) as i64, secs % 86400);
         // Howard Hinnant's civil_from_days.
         let z = days + 719468;
@@ -160,26 +210,47 @@ pub fn signed_request(
         let d = doy - (153 * mp + 2) / 5 + 1;
         let m = if mp < 10 { mp + 3 } else { mp - 9 };
         let y = yoe + era * 400 + i64::from(m <= 2);
-        format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+        format!(
+            "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60
+        )
     };
     let date = &datetime[..8];
     let host = format!("127.0.0.1:{port}");
     let payload = hex(&Sha256::digest(body));
     let (uri, query) = path.split_once('?').unwrap_or((path, ""));
-    let mut names: Vec<String> = query.split('&').filter(|q| !q.is_empty()).map(|q| if q.contains('=') { q.to_string() } else { format!("{q}=") }).collect();
+    let mut names: Vec<String> = query
+        .split('&')
+        .filter(|q| !q.is_empty())
+        .map(|q| {
+            if q.contains('=') {
+                q.to_string()
+            } else {
+                format!("{q}=")
+            }
+        })
+        .collect();
     names.sort();
     let query = names.join("&");
     let canonical = format!(
         "{method}\n{uri}\n{query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{datetime}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
     );
     let scope = format!("{date}/us-east-1/s3/aws4_request");
-    let to_sign = format!("AWS4-HMAC-SHA256\n{datetime}\n{scope}\n{}", hex(&Sha256::digest(canonical.as_bytes())));
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{datetime}\n{scope}\n{}",
+        hex(&Sha256::digest(canonical.as_bytes()))
+    );
     let mut key = hmac(format!("AWS4{secret_key}").as_bytes(), date.as_bytes());
     for part in [&b"us-east-1"[..], b"s3", b"aws4_request"] {
         key = hmac(&key, part);
     }
     let signature = hex(&hmac(&key, to_sign.as_bytes()));
-    let mut s = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(2))?;
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(2),
+    )?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(
         s,
@@ -196,27 +267,49 @@ pub fn signed_request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
 /// One HTTPS request through object_store's own HTTP client, trusting `ca`.
-pub fn https_request(port: u16, ca: &Path, method: &str, path: &str) -> Result<(u16, String), String> {
+pub fn https_request(
+    port: u16,
+    ca: &Path,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
     use object_store::client::{HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector};
     let pem = std::fs::read(ca).map_err(|e| e.to_string())?;
     let mut options = object_store::ClientOptions::new().with_timeout(Duration::from_secs(20));
     for cert in object_store::Certificate::from_pem_bundle(&pem).map_err(|e| e.to_string())? {
         options = options.with_root_certificate(cert);
     }
-    let client = ReqwestConnector::default().connect(&options).map_err(|e| e.to_string())?;
+    let client = ReqwestConnector::default()
+        .connect(&options)
+        .map_err(|e| e.to_string())?;
     let mut request = HttpRequest::new(HttpRequestBody::from(Vec::new()));
     *request.method_mut() = method.parse().map_err(|_| "bad method".to_string())?;
-    *request.uri_mut() = format!("https://127.0.0.1:{port}{path}").parse().map_err(|_| "bad uri".to_string())?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    *request.uri_mut() = format!("https://127.0.0.1:{port}{path}")
+        .parse()
+        .map_err(|_| "bad uri".to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async move {
-        let response = client.execute(request).await.map_err(|e| kvtier::store::error_chain(&e))?;
+        let response = client
+            .execute(request)
+            .await
+            .map_err(|e| kvtier::store::error_chain(&e))?;
         let status = response.status().as_u16();
-        let body = response.into_body().bytes().await.map_err(|e| e.to_string())?;
+        let body = response
+            .into_body()
+            .bytes()
+            .await
+            .map_err(|e| e.to_string())?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     })
 }
@@ -237,26 +330,59 @@ pub struct Tls {
 fn openssl(args: &[&str], dir: &Path) {
     let openssl = find_in_path("openssl")
         .unwrap_or_else(|| panic!("openssl not found in PATH: the TLS tests generate their certificates with it (apt-get install openssl)"));
-    let out = Command::new(openssl).args(args).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(openssl)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Tls {
     pub fn generate() -> Tls {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        for (name, cn) in [("ca", "kvtier test CA"), ("other-ca", "kvtier unrelated CA")] {
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for (name, cn) in [
+            ("ca", "kvtier test CA"),
+            ("other-ca", "kvtier unrelated CA"),
+        ] {
             let mut args = vec!["req", "-x509"];
             args.extend(ec);
-            let (key, pem, subj) = (format!("{name}.key"), format!("{name}.pem"), format!("/CN={cn}"));
+            let (key, pem, subj) = (
+                format!("{name}.key"),
+                format!("{name}.pem"),
+                format!("/CN={cn}"),
+            );
             args.extend(["-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subj]);
-            args.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+            args.extend([
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
             openssl(&args, d);
         }
         let mut args = vec!["req"];
         args.extend(ec);
-        args.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+        args.extend([
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
         openssl(&args, d);
         std::fs::write(
             d.join("server.ext"),
@@ -265,8 +391,21 @@ impl Tls {
         .unwrap();
         openssl(
             &[
-                "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-                "server.pem", "-days", "2", "-extfile", "server.ext",
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
             ],
             d,
         );
@@ -401,7 +540,8 @@ impl Server {
                 }
             })
             .unwrap();
-        rx.recv().unwrap_or_else(|_| panic!("{name} failed to start (see the panic above)"))
+        rx.recv()
+            .unwrap_or_else(|_| panic!("{name} failed to start (see the panic above)"))
     }
 
     pub fn name(&self) -> &'static str {
@@ -447,39 +587,57 @@ impl Server {
         let mut text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         if self.kind == Kind::Rgw {
             for daemon in ["mon.a", "osd.0", "client.rgw.a"] {
-                let log = std::fs::read_to_string(self.ceph_dir().join(format!("log/ceph-{daemon}.log"))).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.ceph_dir().join(format!("log/ceph-{daemon}.log")))
+                        .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(15).collect();
                 text.push_str(&format!("\n--- {daemon} ---\n"));
                 text.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
             }
         }
         let start = text.len().saturating_sub(3000);
-        let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+        let start = (start..text.len())
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(text.len());
         text[start..].to_string()
     }
 
     fn command(&self, port: u16) -> Command {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
         let mut cmd;
         match self.kind {
             Kind::S3sFs => {
                 cmd = Command::new(s3s_fs_bin());
                 cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                    .args(["--access-key", &self.access_key, "--secret-key", &self.secret_key])
+                    .args([
+                        "--access-key",
+                        &self.access_key,
+                        "--secret-key",
+                        &self.secret_key,
+                    ])
                     .arg(self.root().unwrap());
             }
             Kind::Moto | Kind::MotoTls => {
                 cmd = Command::new(moto_bin());
                 cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
                 if let Some(tls) = &self.tls {
-                    cmd.arg("--ssl-cert").arg(&tls.cert).arg("--ssl-key").arg(&tls.key);
+                    cmd.arg("--ssl-cert")
+                        .arg(&tls.cert)
+                        .arg("--ssl-key")
+                        .arg(&tls.key);
                 }
             }
             Kind::Rgw => {
                 cmd = Command::new(ceph_rgw_script());
                 cmd.arg("run").arg(self.ceph_dir()).arg(port.to_string());
-                cmd.env("RGW_ACCESS_KEY", &self.access_key).env("RGW_SECRET_KEY", &self.secret_key);
-                cmd.env("RGW_NOLIST_ACCESS_KEY", RGW_NOLIST_ACCESS_KEY).env("RGW_NOLIST_SECRET_KEY", RGW_NOLIST_SECRET_KEY);
+                cmd.env("RGW_ACCESS_KEY", &self.access_key)
+                    .env("RGW_SECRET_KEY", &self.secret_key);
+                cmd.env("RGW_NOLIST_ACCESS_KEY", RGW_NOLIST_ACCESS_KEY)
+                    .env("RGW_NOLIST_SECRET_KEY", RGW_NOLIST_SECRET_KEY);
             }
         }
         cmd.stdout(log.try_clone().unwrap()).stderr(log);
@@ -491,8 +649,9 @@ impl Server {
         let mut last = String::new();
         for _attempt in 0..5 {
             let port = free_port();
-            let mut child = spawn_killed_with_parent(&mut self.command(port))
-                .unwrap_or_else(|e| panic!("cannot start {}: {e}; {}", self.name(), install_hint()));
+            let mut child = spawn_killed_with_parent(&mut self.command(port)).unwrap_or_else(|e| {
+                panic!("cannot start {}: {e}; {}", self.name(), install_hint())
+            });
             match self.wait_ready(&mut child, port) {
                 Ok(()) => {
                     self.port.store(port, Ordering::SeqCst);
@@ -506,11 +665,19 @@ impl Server {
                 }
             }
         }
-        panic!("{} did not start: {last}\n--- server log ---\n{}", self.name(), self.log_tail());
+        panic!(
+            "{} did not start: {last}\n--- server log ---\n{}",
+            self.name(),
+            self.log_tail()
+        );
     }
 
     fn wait_ready(&self, child: &mut Child, port: u16) -> Result<(), String> {
-        let timeout = if self.kind == Kind::Rgw { RGW_READY_TIMEOUT } else { READY_TIMEOUT };
+        let timeout = if self.kind == Kind::Rgw {
+            RGW_READY_TIMEOUT
+        } else {
+            READY_TIMEOUT
+        };
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -518,16 +685,22 @@ impl Server {
             }
             let answered = match self.kind {
                 Kind::S3sFs | Kind::Moto => http_plain(port, "GET", "/").is_ok(),
-                Kind::MotoTls => https_request(port, &self.tls.as_ref().unwrap().ca, "GET", "/").is_ok(),
+                Kind::MotoTls => {
+                    https_request(port, &self.tls.as_ref().unwrap().ca, "GET", "/").is_ok()
+                }
                 // The script writes `env` once the user exists, after radosgw answered.
-                Kind::Rgw => self.ceph_dir().join("env").is_file() && http_plain(port, "GET", "/").is_ok(),
+                Kind::Rgw => {
+                    self.ceph_dir().join("env").is_file() && http_plain(port, "GET", "/").is_ok()
+                }
             };
             if answered {
                 // Another process may own the port (two picks of the same free port): the
                 // answer then came from it while our server failed to bind and is exiting.
                 std::thread::sleep(Duration::from_millis(100));
                 if let Some(status) = child.try_wait().unwrap() {
-                    return Err(format!("exited with {status} after port {port} answered (port taken?)"));
+                    return Err(format!(
+                        "exited with {status} after port {port} answered (port taken?)"
+                    ));
                 }
                 return Ok(());
             }
@@ -552,7 +725,11 @@ impl Server {
 
     /// Creates a bucket with a name unique in this process and returns the name.
     pub fn new_bucket(&self) -> String {
-        let name = format!("kvt-{}-{}", std::process::id(), BUCKETS.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "kvt-{}-{}",
+            std::process::id(),
+            BUCKETS.fetch_add(1, Ordering::SeqCst)
+        );
         self.create_bucket(&name);
         name
     }
@@ -565,12 +742,24 @@ impl Server {
                 assert_eq!(status, 200, "moto create bucket {name}: {body}");
             }
             Kind::MotoTls => {
-                let (status, body) =
-                    https_request(self.port(), &self.tls.as_ref().unwrap().ca, "PUT", &format!("/{name}")).unwrap();
+                let (status, body) = https_request(
+                    self.port(),
+                    &self.tls.as_ref().unwrap().ca,
+                    "PUT",
+                    &format!("/{name}"),
+                )
+                .unwrap();
                 assert_eq!(status, 200, "moto create bucket {name}: {body}");
             }
             Kind::Rgw => {
-                let (status, body) = signed_plain(self.port(), "PUT", &format!("/{name}"), &self.access_key, &self.secret_key).unwrap();
+                let (status, body) = signed_plain(
+                    self.port(),
+                    "PUT",
+                    &format!("/{name}"),
+                    &self.access_key,
+                    &self.secret_key,
+                )
+                .unwrap();
                 assert_eq!(status, 200, "RGW create bucket {name}: {body}");
             }
         }
@@ -643,7 +832,12 @@ impl Drop for Pool {
 
 impl Pool {
     pub fn new(blocks: u64, block_bytes: usize) -> Self {
-        Pool { mem: vec![0u8; blocks as usize * block_bytes], blocks, block_bytes, registered: false }
+        Pool {
+            mem: vec![0u8; blocks as usize * block_bytes],
+            blocks,
+            block_bytes,
+            registered: false,
+        }
     }
     pub fn block(&self, i: u64) -> &[u8] {
         &self.mem[i as usize * self.block_bytes..(i as usize + 1) * self.block_bytes]
@@ -656,7 +850,10 @@ impl Pool {
     }
     pub fn register(&mut self, tier: &Tier) {
         self.registered = true;
-        unsafe { tier.register_memory(self.mem.as_mut_ptr(), self.blocks, self.block_bytes).unwrap() }
+        unsafe {
+            tier.register_memory(self.mem.as_mut_ptr(), self.blocks, self.block_bytes)
+                .unwrap()
+        }
     }
 }
 
@@ -691,19 +888,29 @@ pub fn keys(ids: &[u64]) -> KeyBatch {
 /// Waits for every job in flight and returns exactly `expected` results by job id,
 /// failing on a duplicate or a missing result.
 pub fn wait_all(tier: &Tier, expected: usize) -> HashMap<u64, JobResult> {
-    tier.drain(Duration::from_secs(180)).expect("jobs did not finish within 180 s");
+    tier.drain(Duration::from_secs(180))
+        .expect("jobs did not finish within 180 s");
     let mut seen = HashMap::new();
     for r in tier.poll(usize::MAX) {
         let id = r.job_id;
         assert!(seen.insert(id, r).is_none(), "job {id} reported twice");
     }
-    assert_eq!(seen.len(), expected, "expected {expected} results, got {}", seen.len());
+    assert_eq!(
+        seen.len(),
+        expected,
+        "expected {expected} results, got {}",
+        seen.len()
+    );
     seen
 }
 
 /// Runs a future on a throwaway runtime (for out-of-band store access in tests).
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
 // ------------------------------------------------------------------------------------
@@ -720,7 +927,10 @@ pub fn oob_put(store: &Value, name: &str, bytes: Vec<u8>) {
     use object_store::ObjectStoreExt;
     block_on(async {
         let s = oob_store(store);
-        s.client().put(&kvtier::store::object_path(name), bytes.into()).await.unwrap();
+        s.client()
+            .put(&kvtier::store::object_path(name), bytes.into())
+            .await
+            .unwrap();
     })
 }
 
@@ -745,7 +955,10 @@ pub fn resolve_lookup(tier: &Tier, request: u64, k: &[u8]) -> kvtier::LookupResu
         if v != kvtier::LookupResult::Retry {
             return v;
         }
-        assert!(std::time::Instant::now() < deadline, "lookup never resolved");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lookup never resolved"
+        );
         tier.schedule_end().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
     }

@@ -145,29 +145,42 @@ impl Proxy {
                             conns.push(clone);
                         }
                         let inner = inner.clone();
-                        let _ = std::thread::Builder::new().name("proxy-conn".into()).spawn(move || {
-                            let closer = stream.try_clone();
-                            let outcome = serve(&inner, stream);
-                            if outcome.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset && e.to_string() == RESET) {
-                                // Close every descriptor of the socket (SO_LINGER 0 is set):
-                                // the kernel answers with RST instead of FIN.
-                                if let Ok(c) = closer {
-                                    let peer = c.peer_addr().ok();
-                                    inner.connections.lock().unwrap().retain(|k| k.peer_addr().ok() != peer);
+                        let _ = std::thread::Builder::new().name("proxy-conn".into()).spawn(
+                            move || {
+                                let closer = stream.try_clone();
+                                let outcome = serve(&inner, stream);
+                                if outcome.as_ref().is_err_and(|e| {
+                                    e.kind() == std::io::ErrorKind::ConnectionReset
+                                        && e.to_string() == RESET
+                                }) {
+                                    // Close every descriptor of the socket (SO_LINGER 0 is set):
+                                    // the kernel answers with RST instead of FIN.
+                                    if let Ok(c) = closer {
+                                        let peer = c.peer_addr().ok();
+                                        inner
+                                            .connections
+                                            .lock()
+                                            .unwrap()
+                                            .retain(|k| k.peer_addr().ok() != peer);
+                                    }
+                                    return;
                                 }
-                                return;
-                            }
-                            // Whatever ended the exchange, the client must see the close
-                            // (the registry holds a clone that would keep it open).
-                            if let Ok(c) = closer {
-                                let _ = c.shutdown(Shutdown::Both);
-                            }
-                        });
+                                // Whatever ended the exchange, the client must see the close
+                                // (the registry holds a clone that would keep it open).
+                                if let Ok(c) = closer {
+                                    let _ = c.shutdown(Shutdown::Both);
+                                }
+                            },
+                        );
                     }
                 })
                 .unwrap()
         };
-        Proxy { port, inner, acceptor: Some(acceptor) }
+        Proxy {
+            port,
+            inner,
+            acceptor: Some(acceptor),
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -221,16 +234,22 @@ struct Head {
 
 impl Head {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     fn content_length(&self) -> Option<u64> {
-        self.header("content-length").and_then(|v| v.trim().parse().ok())
+        self.header("content-length")
+            .and_then(|v| v.trim().parse().ok())
     }
     fn chunked(&self) -> bool {
-        self.header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
+        self.header("transfer-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
     }
     fn wants_close(&self) -> bool {
-        self.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"))
+        self.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
     }
 }
 
@@ -244,7 +263,10 @@ fn read_head(r: &mut impl BufRead) -> std::io::Result<Option<Head>> {
             if raw.is_empty() {
                 return Ok(None);
             }
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "EOF inside a message head"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "EOF inside a message head",
+            ));
         }
         let line = &raw[before..];
         if line == b"\r\n" || line == b"\n" {
@@ -261,7 +283,11 @@ fn read_head(r: &mut impl BufRead) -> std::io::Result<Option<Head>> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
-    Ok(Some(Head { raw, first_line, headers }))
+    Ok(Some(Head {
+        raw,
+        first_line,
+        headers,
+    }))
 }
 
 /// How a body is delimited.
@@ -304,7 +330,10 @@ fn copy_exact(r: &mut impl Read, w: &mut (impl Write + ?Sized), mut n: u64) -> s
         let want = (buf.len() as u64).min(n) as usize;
         let got = r.read(&mut buf[..want])?;
         if got == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "peer closed mid-body"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "peer closed mid-body",
+            ));
         }
         w.write_all(&buf[..got])?;
         n -= got as u64;
@@ -390,7 +419,9 @@ fn rewritten_head(h: &Head, first_line: &str, len: u64, drop_content_range: bool
     for (k, v) in &h.headers {
         if k.eq_ignore_ascii_case("content-length") {
             out.push_str(&format!("{k}: {len}\r\n"));
-        } else if k.eq_ignore_ascii_case("connection") || (drop_content_range && k.eq_ignore_ascii_case("content-range")) {
+        } else if k.eq_ignore_ascii_case("connection")
+            || (drop_content_range && k.eq_ignore_ascii_case("content-range"))
+        {
             continue;
         } else {
             out.push_str(&format!("{k}: {v}\r\n"));
@@ -406,7 +437,10 @@ const RESET: &str = "proxy: reset the client connection";
 /// SO_LINGER with a zero timeout: closing the socket sends RST.
 fn set_linger_zero(stream: &TcpStream) {
     use std::os::fd::AsRawFd;
-    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     // SAFETY: a valid socket descriptor and a properly sized option value.
     unsafe {
         libc::setsockopt(
@@ -426,12 +460,18 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
     let mut to_client = client;
     let mut upstream: Option<(BufReader<TcpStream>, TcpStream)> = None;
     loop {
-        let Some(request) = read_head(&mut from_client)? else { return Ok(()) };
+        let Some(request) = read_head(&mut from_client)? else {
+            return Ok(());
+        };
         let mut parts = request.first_line.split_whitespace();
         let method = parts.next().unwrap_or_default().to_string();
         let path = parts.next().unwrap_or_default().to_string();
         let head_request = method == "HEAD";
-        let info = RequestInfo { method: method.clone(), path, seq: inner.seq.fetch_add(1, Ordering::SeqCst) };
+        let info = RequestInfo {
+            method: method.clone(),
+            path,
+            seq: inner.seq.fetch_add(1, Ordering::SeqCst),
+        };
         let rule = inner.rule.read().unwrap().clone();
         let fault = rule(&info);
         {
@@ -452,7 +492,10 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
                     copy_exact(&mut from_client, &mut std::io::sink(), n / 2)?;
                 }
                 set_linger_zero(&to_client);
-                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, RESET));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    RESET,
+                ));
             }
             Fault::DropRequest => {
                 if let Framing::Length(n) = framing {
@@ -486,8 +529,9 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
                 .and_then(|_| to_server.write_all(&body))
                 .and_then(|_| to_server.flush());
             let answer = sent.and_then(|_| {
-                read_head(from_server)?
-                    .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "server closed"))
+                read_head(from_server)?.ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "server closed")
+                })
             });
             match answer {
                 Ok(head) => break head,
@@ -496,9 +540,16 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
             }
         };
         let (from_server, _) = upstream.as_mut().unwrap();
-        let status: u16 = response.first_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let status: u16 = response
+            .first_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         let rframing = response_framing(&response, status, head_request);
-        let close = response.wants_close() || request.wants_close() || matches!(rframing, Framing::UntilClose);
+        let close = response.wants_close()
+            || request.wants_close()
+            || matches!(rframing, Framing::UntilClose);
         match (fault, rframing) {
             (Fault::CutResponse, Framing::Length(n)) => {
                 to_client.write_all(&response.raw)?;
@@ -565,4 +616,3 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
         }
     }
 }
-
