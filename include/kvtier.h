@@ -223,6 +223,26 @@ typedef struct kvt_event {
   enum kvt_locality locality;
 } kvt_event;
 
+// A KV event: BlockStored (the keys of one successful store job, in job order) or
+// BlockRemoved (keys the tier deleted: by eviction, or a corrupt object deleted under
+// `on_corrupt = fail_and_delete`).
+typedef struct kvt_kv_event {
+  // The keys, as in a BlockStored event; `job_id` is 0 for a removal.
+  struct kvt_event event;
+  // BlockRemoved (vLLM's `OffloadingEvent.removed`) rather than BlockStored.
+  bool removed;
+} kvt_kv_event;
+
+// What one eviction round found and did.
+typedef struct kvt_eviction_report {
+  // Blocks of the namespace and their bytes before the round.
+  uint64_t objects;
+  uint64_t bytes;
+  // Blocks deleted and their bytes.
+  uint64_t deleted;
+  uint64_t deleted_bytes;
+} kvt_eviction_report;
+
 // A snapshot of the tier's counters. Counters are only ever appended, never renumbered.
 typedef struct kvt_stats {
   // Keys stored successfully.
@@ -252,6 +272,10 @@ typedef struct kvt_stats {
   // Of those, the ones repeated through the general HTTP client after an unexpected
   // answer or a transport error.
   uint64_t direct_fallbacks;
+  // Blocks deleted by eviction (the namespace's byte budget or maximum age).
+  uint64_t evicted_blocks;
+  // Bytes of the blocks deleted by eviction.
+  uint64_t evicted_bytes;
 } kvt_stats;
 
 // A host's log function (NULL for none): `level`, the record's `target` (the Rust
@@ -450,6 +474,30 @@ enum kvt_status kvt_tier_take_events(struct kvt_tier *tier,
                                      struct kvt_event *out_events,
                                      size_t capacity,
                                      size_t *out_count);
+
+// Takes up to `capacity` KV events, BlockStored and BlockRemoved, into `out_events`,
+// oldest first, and writes their number to `*out_count`; the rest wait for the next call.
+//
+// With `enable_kv_events`, BlockStored events are those of `kvt_tier_take_events`, and
+// every block the tier deletes yields a BlockRemoved event (`removed` true, `job_id` 0):
+// eviction (the `eviction` configuration) and corrupt objects deleted under
+// `on_corrupt = fail_and_delete`. Use this function or `kvt_tier_take_events` on a tier,
+// not both: the latter drops BlockRemoved events it meets. Ownership, NULL rules and
+// thread-safety as `kvt_tier_take_events`; the key buffers stay valid until the next
+// call of either function or `kvt_tier_free`.
+enum kvt_status kvt_tier_take_kv_events(struct kvt_tier *tier,
+                                        struct kvt_kv_event *out_events,
+                                        size_t capacity,
+                                        size_t *out_count);
+
+// Runs one eviction round now and waits for it: lists the tier's namespace and deletes
+// the oldest blocks past `eviction.max_bytes` and every block older than
+// `eviction.max_age_s` (the background task does the same every
+// `eviction.interval_ms`). Each deleted block yields a BlockRemoved event. Writes what
+// it found and did to `*out_report` (zeroed on error). KVT_STATUS_STATE if the
+// configuration has no `eviction`; NULL `tier` or `out_report` is
+// KVT_STATUS_NULL_ARGUMENT. Blocks for the listing and deletes. Thread-safe.
+enum kvt_status kvt_tier_evict_now(struct kvt_tier *tier, struct kvt_eviction_report *out_report);
 
 // Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:
 // pass `sizeof(kvt_stats)`. Counters are only ever appended, so a caller built against

@@ -45,9 +45,9 @@ pub struct TierConfig {
     /// behind bulk transfers.
     #[serde(default = "default_inflight_lookups")]
     pub max_inflight_lookups: usize,
-    /// S3 stores: existence checks run on their own I/O thread and HTTP connections, so
-    /// that under saturating transfers they neither queue behind transfer tasks nor wait
-    /// for a pooled connection. Costs one thread.
+    /// S3, Azure and GCS stores: existence checks run on their own I/O thread and HTTP
+    /// connections, so that under saturating transfers they neither queue behind transfer
+    /// tasks nor wait for a pooled connection. Costs one thread.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     pub separate_lookup_lane: bool,
     /// Nice value (0..=19) of the transfer threads: above 0, the engine's own threads and
@@ -79,6 +79,31 @@ pub struct TierConfig {
     /// Keys remembered as present for `skip_known` dedup; the memory is forgotten whole when full.
     #[serde(default = "default_known_keys")]
     pub known_keys_capacity: usize,
+    /// Keeps the tier's namespace bounded: see [`EvictionConfig`]. Off by default.
+    #[serde(default)]
+    pub eviction: Option<EvictionConfig>,
+}
+
+/// A byte budget and/or a maximum age for the objects of the tier's namespace
+/// (`prefix/namespace`), enforced by a background task that lists them every
+/// `interval_ms` and deletes the oldest past the budget and every object past the age.
+/// Each deleted block yields a BlockRemoved event.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvictionConfig {
+    /// Bytes the namespace may hold; the oldest objects go first.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Seconds an object may live (by its last-modified time).
+    #[serde(default)]
+    pub max_age_s: Option<u64>,
+    /// Milliseconds between two rounds.
+    #[serde(default = "default_eviction_interval_ms")]
+    pub interval_ms: u64,
+}
+
+fn default_eviction_interval_ms() -> u64 {
+    60_000
 }
 
 fn default_known_keys() -> usize {
@@ -145,6 +170,10 @@ pub enum StoreConfig {
     Memory(MemoryConfig),
     /// S3 and S3-compatible stores.
     S3(S3Config),
+    /// Azure Blob Storage (and Azurite).
+    Azure(AzureConfig),
+    /// Google Cloud Storage (and emulators of its XML API).
+    Gcs(GcsConfig),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -375,8 +404,28 @@ impl TierConfig {
                 self.transfer_thread_nice
             )));
         }
-        if let StoreConfig::S3(s3) = &self.store {
-            s3.validate()?;
+        match &self.store {
+            StoreConfig::S3(s3) => s3.validate()?,
+            StoreConfig::Azure(azure) => azure.validate()?,
+            StoreConfig::Gcs(gcs) => gcs.validate()?,
+            StoreConfig::Local(_) | StoreConfig::Memory(_) => {}
+        }
+        if let Some(eviction) = &self.eviction {
+            if eviction.max_bytes.is_none() && eviction.max_age_s.is_none() {
+                return Err(Error::config("eviction needs max_bytes, max_age_s or both"));
+            }
+            if eviction.interval_ms == 0 {
+                return Err(Error::config(
+                    "eviction.interval_ms is 0; it must be at least 1",
+                ));
+            }
+            if self.prefix.trim_matches('/').is_empty()
+                && self.namespace.trim_matches('/').is_empty()
+            {
+                return Err(Error::config(
+                    "eviction needs a prefix or namespace: it deletes objects under them, never a whole bucket",
+                ));
+            }
         }
         crate::key::KeyLayout::new(&self.prefix, &self.namespace)?;
         Ok(())
@@ -457,6 +506,139 @@ impl S3Config {
         }
         Ok(())
     }
+}
+
+/// Azure Blob Storage settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AzureConfig {
+    /// The storage account.
+    pub account: String,
+    pub container: String,
+    /// The account's shared key (base64). Leave both this and `sas` out to use
+    /// `object_store`'s credential chain (the `AZURE_*` environment variables, workload or
+    /// managed identity).
+    #[serde(default)]
+    pub access_key: Secret,
+    /// A shared access signature (the query string, with or without the leading `?`).
+    #[serde(default)]
+    pub sas: Secret,
+    /// The account URL, e.g. `http://127.0.0.1:10000/devstoreaccount1` for Azurite; empty
+    /// means `https://ACCOUNT.blob.core.windows.net`. Plain http is allowed when the URL
+    /// says http.
+    #[serde(default)]
+    pub endpoint: String,
+    /// PEM file of extra trusted CA certificates.
+    #[serde(default)]
+    pub ca_bundle: String,
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Retries per request for 5xx, throttling, timeouts and connection resets.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: usize,
+}
+
+/// Google Cloud Storage settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcsConfig {
+    pub bucket: String,
+    /// Path of a service-account JSON key file. Empty: `object_store`'s chain (the
+    /// `GOOGLE_*` environment variables, application default credentials, instance
+    /// metadata).
+    #[serde(default)]
+    pub service_account: String,
+    /// Base URL of the service, e.g. an emulator's `http://127.0.0.1:4443`; empty means
+    /// the service-account file's `gcs_base_url`, else `https://storage.googleapis.com`.
+    #[serde(default)]
+    pub endpoint: String,
+    /// PEM file of extra trusted CA certificates.
+    #[serde(default)]
+    pub ca_bundle: String,
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Retries per request for 5xx, throttling, timeouts and connection resets.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: usize,
+}
+
+impl AzureConfig {
+    pub fn validate(&self) -> Result<()> {
+        for (name, value) in [("account", &self.account), ("container", &self.container)] {
+            if value.is_empty() {
+                return Err(Error::config(format!("store.{name} is empty")));
+            }
+        }
+        if !self.access_key.is_empty() && !self.sas.is_empty() {
+            return Err(Error::config(
+                "store.access_key and store.sas are both set; give one (or neither, to use the Azure credential chain)",
+            ));
+        }
+        check_client_limits(
+            self.connect_timeout_ms,
+            self.request_timeout_ms,
+            self.max_retries,
+        )?;
+        check_url("endpoint", &self.endpoint)
+    }
+}
+
+impl GcsConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.bucket.is_empty() {
+            return Err(Error::config("store.bucket is empty"));
+        }
+        check_client_limits(
+            self.connect_timeout_ms,
+            self.request_timeout_ms,
+            self.max_retries,
+        )?;
+        check_url("endpoint", &self.endpoint)
+    }
+}
+
+fn check_client_limits(
+    connect_timeout_ms: u64,
+    request_timeout_ms: u64,
+    max_retries: usize,
+) -> Result<()> {
+    for (name, value) in [
+        ("connect_timeout_ms", connect_timeout_ms),
+        ("request_timeout_ms", request_timeout_ms),
+    ] {
+        if value == 0 {
+            return Err(Error::config(format!(
+                "store.{name} is 0; it must be at least 1 (milliseconds)"
+            )));
+        }
+    }
+    if max_retries > 100 {
+        return Err(Error::config(format!(
+            "store.max_retries is {max_retries}; it must be 0..=100"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an endpoint that must be a full URL (`http[s]://host[:port][/path]`), if given.
+fn check_url(key: &str, url: &str) -> Result<()> {
+    if url.is_empty() {
+        return Ok(());
+    }
+    let why = if !url.contains("://") {
+        Err("it needs a scheme: http://host:port/... or https://...".to_string())
+    } else {
+        check_endpoint(url)
+    };
+    why.map_err(|why| {
+        Error::config(format!(
+            "store.{key} {url:?} is not a usable endpoint: {why}"
+        ))
+    })
 }
 
 /// Checks an `endpoint_override` (`host[:port]` or `scheme://host[:port][/path]`) before
@@ -703,6 +885,108 @@ mod tests {
         assert_eq!(
             s3.scheme, None,
             "no scheme: https unless endpoint_override carries one"
+        );
+    }
+
+    #[test]
+    fn azure_and_gcs_configs() {
+        let c = TierConfig::from_json(
+            r#"{"store":{"type":"azure","account":"devstoreaccount1","container":"kv","access_key":"a2V5LXNlY3JldC12YWx1ZQ==","endpoint":"http://127.0.0.1:10000/devstoreaccount1","max_retries":1}}"#,
+        )
+        .unwrap();
+        let StoreConfig::Azure(azure) = &c.store else {
+            panic!("expected azure")
+        };
+        assert_eq!(
+            (
+                azure.container.as_str(),
+                azure.max_retries,
+                azure.connect_timeout_ms
+            ),
+            ("kv", 1, 5_000)
+        );
+        assert!(
+            !format!("{c:?}").contains("a2V5LXNlY3JldC12YWx1ZQ=="),
+            "the key in Debug"
+        );
+        let c = TierConfig::from_json(
+            r#"{"store":{"type":"gcs","bucket":"kv","service_account":"/x/sa.json"}}"#,
+        )
+        .unwrap();
+        let StoreConfig::Gcs(gcs) = &c.store else {
+            panic!("expected gcs")
+        };
+        assert_eq!(
+            (
+                gcs.bucket.as_str(),
+                gcs.endpoint.as_str(),
+                gcs.request_timeout_ms
+            ),
+            ("kv", "", 30_000)
+        );
+
+        let bad =
+            |store: &str| TierConfig::from_json(&format!(r#"{{"store":{store}}}"#)).unwrap_err();
+        for (store, names) in [
+            (
+                r#"{"type":"azure","account":"a","container":"c","bucket":"b"}"#,
+                "bucket",
+            ),
+            (
+                r#"{"type":"azure","account":"a","container":""}"#,
+                "store.container",
+            ),
+            (
+                r#"{"type":"azure","account":"","container":"c"}"#,
+                "store.account",
+            ),
+            (r#"{"type":"azure","container":"c"}"#, "account"),
+            (
+                r#"{"type":"azure","account":"a","container":"c","endpoint":"127.0.0.1:10000"}"#,
+                "store.endpoint",
+            ),
+            (
+                r#"{"type":"azure","account":"a","container":"c","max_retries":101}"#,
+                "store.max_retries",
+            ),
+            (
+                r#"{"type":"gcs","bucket":"b","container":"c"}"#,
+                "container",
+            ),
+            (r#"{"type":"gcs","bucket":""}"#, "store.bucket"),
+            (
+                r#"{"type":"gcs","bucket":"b","endpoint":"ftp://h"}"#,
+                "store.endpoint",
+            ),
+            (
+                r#"{"type":"gcs","bucket":"b","request_timeout_ms":0}"#,
+                "store.request_timeout_ms",
+            ),
+        ] {
+            let e = bad(store);
+            assert_eq!(e.status, Status::Config, "{store}: {}", e.message);
+            assert!(e.message.contains(names), "{store}: {}", e.message);
+        }
+        let e = bad(
+            r#"{"type":"azure","account":"a","container":"c","access_key":"key-secret-1","sas":"sig=sas-secret-2"}"#,
+        );
+        assert!(
+            e.message.contains("store.access_key and store.sas"),
+            "{}",
+            e.message
+        );
+        assert!(
+            !e.message.contains("key-secret-1") && !e.message.contains("sas-secret-2"),
+            "{}",
+            e.message
+        );
+        let e = bad(
+            r#"{"type":"azure","account":"a","container":"c","sas":"sig=sas-secret-3","colour":1}"#,
+        );
+        assert!(
+            e.message.contains("colour") && !e.message.contains("sas-secret-3"),
+            "{}",
+            e.message
         );
     }
 

@@ -8,6 +8,8 @@ use std::ffi::CStr;
 
 /// Object metadata key of the CRC32C (8 lowercase hex digits) of a block's bytes.
 pub const CRC_METADATA: &str = "kvtier-crc32c";
+/// The same on Azure Blob, whose metadata names must be C# identifiers (no `-`).
+pub const CRC_METADATA_AZURE: &str = "kvtier_crc32c";
 /// The same metadata as an S3 response header.
 pub(crate) const CRC_HEADER: &str = "x-amz-meta-kvtier-crc32c";
 /// Extended attribute holding the same on the local store.
@@ -33,17 +35,24 @@ pub(crate) fn parse_crc(text: &str) -> Option<u32> {
     u32::from_str_radix(text.trim(), 16).ok()
 }
 
-/// The checksum recorded in an object's metadata, if any.
+/// The checksum recorded in an object's metadata, if any, under either name.
 pub(crate) fn recorded_checksum(attributes: &object_store::Attributes) -> Option<u32> {
-    let value = attributes.get(&object_store::Attribute::Metadata(CRC_METADATA.into()))?;
+    let value = [CRC_METADATA, CRC_METADATA_AZURE]
+        .into_iter()
+        .find_map(|name| attributes.get(&object_store::Attribute::Metadata(name.into())))?;
     parse_crc(value.as_ref())
 }
 
 /// Metadata recording `crc`, for a PUT.
 pub(crate) fn checksum_attributes(crc: u32) -> object_store::Attributes {
+    checksum_attributes_named(crc, CRC_METADATA)
+}
+
+/// Metadata recording `crc` under `name` ([`CRC_METADATA`] or [`CRC_METADATA_AZURE`]).
+pub(crate) fn checksum_attributes_named(crc: u32, name: &'static str) -> object_store::Attributes {
     let mut attributes = object_store::Attributes::new();
     attributes.insert(
-        object_store::Attribute::Metadata(CRC_METADATA.into()),
+        object_store::Attribute::Metadata(name.into()),
         format_crc(crc).into(),
     );
     attributes
@@ -108,6 +117,18 @@ mod tests {
         }
         assert_eq!(format_crc(0xbeef), "0000beef");
         assert_eq!(parse_crc("zz"), None);
+    }
+
+    #[test]
+    fn recorded_checksum_under_either_name() {
+        for name in [CRC_METADATA, CRC_METADATA_AZURE] {
+            assert_eq!(
+                recorded_checksum(&checksum_attributes_named(0xbeef, name)),
+                Some(0xbeef),
+                "{name}"
+            );
+        }
+        assert_eq!(recorded_checksum(&object_store::Attributes::new()), None);
     }
 
     #[test]

@@ -111,6 +111,36 @@ impl KeyLayout {
         Ok(name)
     }
 
+    /// The key whose object name is `name`, if `name` is a block of this layout (the
+    /// inverse of [`object_name`](Self::object_name)).
+    pub fn key_of(&self, name: &str) -> Option<Vec<u8>> {
+        let rest = if self.base.is_empty() {
+            name
+        } else {
+            name.strip_prefix(&self.base)?.strip_prefix('/')?
+        };
+        let mut parts = rest.split('/');
+        let (first, second, file) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let hex = file.strip_suffix(".bin")?;
+        let (shard, group) = second.rsplit_once("_g")?;
+        if hex.len() % 2 != 0
+            || first != &hex[..hex.len().min(3)]
+            || shard != &hex[hex.len().min(3)..hex.len().min(5)]
+        {
+            return None;
+        }
+        let group: u32 = group.parse().ok()?;
+        let hash = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        let key = make_key(&hash, group);
+        (self.object_name(&key).ok()? == name).then_some(key)
+    }
+
     /// A name under the base that no block can ever have, for connectivity probes.
     pub fn probe_name(&self) -> String {
         if self.base.is_empty() {
@@ -242,5 +272,20 @@ mod tests {
         // Model names vLLM turns into namespaces: spaces, colons, non-ASCII.
         let layout = KeyLayout::new("", "org_módèl:v1 x_0123456789ab_r0").unwrap();
         assert!(layout.base().starts_with("org_módèl:v1 x"));
+    }
+
+    #[test]
+    fn key_of_inverts_object_name() {
+        for (prefix, namespace) in [("", ""), ("kv", "m_0123456789ab_r0"), ("a/b", "modèle")] {
+            let layout = KeyLayout::new(prefix, namespace).unwrap();
+            for hash_len in [1, 2, 3, 5, 32, 64] {
+                let hash: Vec<u8> = (0..hash_len as u8).map(|i| i.wrapping_mul(37)).collect();
+                let key = make_key(&hash, 70_000);
+                let name = layout.object_name(&key).unwrap();
+                assert_eq!(layout.key_of(&name), Some(key), "{name}");
+            }
+            assert_eq!(layout.key_of(&layout.probe_name()), None);
+            assert_eq!(layout.key_of("elsewhere/abc/de_g0/abcdef.bin"), None);
+        }
     }
 }

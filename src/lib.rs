@@ -2,7 +2,7 @@
 //!
 //! Rooms, with data flowing one way (caller → engine → store):
 //! * [`Tier`] and the rest of `engine`: job table, transfers, dedup, lookups, events, stats;
-//! * [`store`]: the store clients (local, memory, S3) and their direct HTTP path;
+//! * [`store`]: the store clients (local, memory, S3, Azure Blob, GCS) and the direct HTTP path;
 //! * `integrity`: block checksums; [`key`]: key layout and object names; [`config`];
 //!   [`namespace`]: vLLM's namespace string; `pool`: the caller's host pool;
 //! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API.
@@ -21,11 +21,11 @@ pub mod store;
 
 pub use config::TierConfig;
 pub use engine::{
-    JobKind, JobResult, KeyBatch, LookupResult, StatsField, StatsSnapshot, StoredEvent, Tier,
-    EVENT_MEDIUM, MAX_KEYS_PER_JOB, STATS_FIELDS,
+    EvictionReport, JobKind, JobResult, KeyBatch, KvEvent, LookupResult, StatsField, StatsSnapshot,
+    Tier, EVENT_MEDIUM, MAX_KEYS_PER_JOB, STATS_FIELDS,
 };
 pub use error::{Error, Result, Status};
-pub use integrity::CRC_METADATA;
+pub use integrity::{CRC_METADATA, CRC_METADATA_AZURE};
 pub use logs::{LogCallback, LogLevel};
 pub use pool::HostPool;
 

@@ -1,7 +1,7 @@
 //! The Azure Blob and GCS emulators of the tests (`support::emulators`): each starts through
 //! `scripts/emulators.sh`, gets a fresh container or bucket, and answers for it over plain
-//! HTTP. (The library has no Azure or GCS store yet; its tests will take the `store`
-//! sections checked here.)
+//! HTTP. (`tests/cloud.rs` runs the library's Azure and GCS stores on the `store` sections
+//! checked here.)
 
 mod support;
 

@@ -67,6 +67,19 @@ class KvtEvent(ctypes.Structure):
     ]
 
 
+class KvtKvEvent(ctypes.Structure):
+    _fields_ = [("event", KvtEvent), ("removed", ctypes.c_bool)]
+
+
+class KvtEvictionReport(ctypes.Structure):
+    _fields_ = [
+        ("objects", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("deleted", ctypes.c_uint64),
+        ("deleted_bytes", ctypes.c_uint64),
+    ]
+
+
 #: Counters of ``kvt_stats``, in header order.
 STATS_FIELDS = (
     "keys_stored",
@@ -82,6 +95,8 @@ STATS_FIELDS = (
     "dedup_already_stored",
     "direct_requests",
     "direct_fallbacks",
+    "evicted_blocks",
+    "evicted_bytes",
 )
 
 
@@ -145,6 +160,11 @@ _PROTOTYPES = {
         c_status,
         [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
     ),
+    "kvt_tier_take_kv_events": (
+        c_status,
+        [tier_p, ctypes.POINTER(KvtKvEvent), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "kvt_tier_evict_now": (c_status, [tier_p, ctypes.POINTER(KvtEvictionReport)]),
     "kvt_tier_metrics": (c_status, [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "kvt_set_log_callback": (c_status, [LOG_CALLBACK, ctypes.c_void_p, ctypes.c_int]),
 }

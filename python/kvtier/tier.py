@@ -94,12 +94,15 @@ class JobOutcome:
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """A BlockStored event: the keys of one successful store job, in job order."""
+    """A KV event: BlockStored (the keys of one successful store job, in job order) or,
+    with ``removed``, BlockRemoved (keys the tier deleted: eviction, or a corrupt object
+    deleted under ``on_corrupt = fail_and_delete``; ``job_id`` is 0)."""
 
     job_id: int
     keys: tuple
     medium: str
     locality: Locality
+    removed: bool = False
 
 
 def _lib() -> ctypes.CDLL:
@@ -517,15 +520,16 @@ class Tier:
     # -- events and stats ------------------------------------------------------------
 
     def take_events(self) -> list[Event]:
-        """Takes every BlockStored event recorded so far, oldest first."""
+        """Takes every BlockStored and BlockRemoved event recorded so far, oldest first."""
         lib = _lib()
         out: list[Event] = []
         with self._events_lock, self._h as ptr:
-            events = (_native.KvtEvent * _BATCH)()
+            events = (_native.KvtKvEvent * _BATCH)()
             count = ctypes.c_size_t()
             while True:
-                _check(lib.kvt_tier_take_events(ptr, events, _BATCH, ctypes.byref(count)))
-                for e in events[: count.value]:
+                _check(lib.kvt_tier_take_kv_events(ptr, events, _BATCH, ctypes.byref(count)))
+                for kv in events[: count.value]:
+                    e = kv.event
                     raw = ctypes.string_at(e.keys, e.key_len * e.num_keys) if e.num_keys else b""
                     keys = tuple(raw[i * e.key_len : (i + 1) * e.key_len] for i in range(e.num_keys))
                     out.append(
@@ -534,10 +538,20 @@ class Tier:
                             keys=keys,
                             medium=e.medium.decode() if e.medium else "",
                             locality=Locality(e.locality),
+                            removed=bool(kv.removed),
                         )
                     )
                 if count.value < _BATCH:
                     return out
+
+    def evict_now(self) -> dict[str, int]:
+        """Runs one eviction round now (the tier's ``eviction`` configuration; the
+        background task runs them every ``interval_ms``) and returns what it did:
+        ``objects``/``bytes`` before the round, ``deleted``/``deleted_bytes``."""
+        report = _native.KvtEvictionReport()
+        with self._h as ptr:
+            _check(_lib().kvt_tier_evict_now(ptr, ctypes.byref(report)))
+        return {name: getattr(report, name) for name, _ in report._fields_}
 
     def metrics(self) -> str:
         """The tier's metrics in the Prometheus text exposition format: the counters of

@@ -238,6 +238,8 @@ TIER_KEYS = frozenset(
         "on_corrupt",
         "dedup",
         "known_keys_capacity",
+        "eviction",
+        "file_io_threads",
     }
 )
 #: vLLM sends these only when non-empty; empty means "use the default (credential chain...)".
@@ -263,7 +265,7 @@ _RESERVED_BACKEND_PARAMS = frozenset(
         "type",
     }
 )
-_STORE_TYPES = ("s3", "local", "memory")
+_STORE_TYPES = ("s3", "local", "memory", "azure", "gcs")
 _TRUE_WORDS = {"1", "true", "yes", "y", "on", "enable"}
 
 
@@ -484,6 +486,8 @@ STAT_HELP = {
     "dedup_already_stored": "Stores the object store answered as already present.",
     "direct_requests": "Requests sent on kvtier's direct HTTP path.",
     "direct_fallbacks": "Direct-path requests repeated through the general HTTP client.",
+    "evicted_blocks": "Blocks kvtier deleted to keep its namespace within its eviction budget or age.",
+    "evicted_bytes": "Bytes of the blocks kvtier deleted by eviction.",
 }
 METRIC_PREFIX = "vllm:kv_offload_kvtier_"
 JOBS_IN_FLIGHT_METRIC = METRIC_PREFIX + "jobs_in_flight"
@@ -788,11 +792,13 @@ class KvtierTier(_Base):
         return bool(self._jobs or self._early)
 
     def take_events(self) -> list:
-        """BlockStored events of successful store jobs, oldest first (empty when disabled)."""
+        """KV events, oldest first (empty when disabled): BlockStored for successful store
+        jobs, and BlockRemoved (``removed=True``) for keys kvtier deleted (eviction, or a
+        corrupt object deleted under ``on_corrupt = fail_and_delete``)."""
         if self._tier is None or not self.events_enabled:
             return []
         return [
-            OffloadingEvent(keys=list(e.keys), medium=Medium.STORAGE, removed=False, locality=self.locality)
+            OffloadingEvent(keys=list(e.keys), medium=Medium.STORAGE, removed=e.removed, locality=self.locality)
             for e in self._tier.take_events()
         ]
 
@@ -902,6 +908,10 @@ def _location(config: Mapping[str, Any], prefix: str, namespace: str) -> str:
         where = f"{endpoint}/{store['bucket']}"
     elif store["type"] == "local":
         where = f"file://{store.get('path', '')}"
+    elif store["type"] == "azure":
+        where = f"azure://{store.get('account', '')}/{store.get('container', '')}"
+    elif store["type"] == "gcs":
+        where = f"gs://{store.get('bucket', '')}"
     else:
         where = "memory:"
     return f"{where}/{objects}" if objects else where

@@ -67,6 +67,8 @@ ENUMS = {
 STRUCTS = {
     "kvt_result": _native.KvtResult,
     "kvt_event": _native.KvtEvent,
+    "kvt_kv_event": _native.KvtKvEvent,
+    "kvt_eviction_report": _native.KvtEvictionReport,
     "kvt_stats": _native.KvtStats,
 }
 
@@ -228,6 +230,8 @@ def accepted(ctype: str, header: Header) -> tuple:
             return (ctypes.c_int,)
         if base in header.callbacks:
             return (_native.CALLBACKS[base],)
+        if base.startswith("struct "):  # a struct embedded by value
+            return (STRUCTS[base.split()[1]],)
         return (SCALARS[base],)
     if stars == 1:
         if base == "char":

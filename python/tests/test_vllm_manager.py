@@ -175,6 +175,36 @@ def test_cascade_then_a_second_engine_promotes_byte_exact(engines):
     assert kvtier_tier(reader).kvtier_stats()["keys_loaded"] == 6
 
 
+def test_evicted_chunks_reach_vllm_as_block_removed_events(store, engines, blocks_per_chunk):
+    """A tier with a byte budget deletes its oldest chunks; vLLM's manager and events
+    tracker receive one BlockRemoved per deleted chunk, and the chunks then MISS."""
+    chunk_bytes = BLOCK_BYTES * blocks_per_chunk
+    budget = 3 * chunk_bytes
+    eviction = {"max_bytes": budget, "interval_ms": 3_600_000}
+    writer = engines(entry={"store_config": {**store.store_config, "eviction": eviction}})
+    keys = [chunk_key(i, "evict") for i in range(6)]
+    for key in keys:  # one at a time: each chunk's object is older than the next one's
+        writer.store("w", blocks_for(writer, [key]))
+        writer.settle()
+    tier = kvtier_tier(writer)
+    report = tier._tier.evict_now()
+    assert report["deleted"] == 3 and report["bytes"] - report["deleted_bytes"] <= budget
+    writer.step()
+    removed = [e for e in writer.events if e.medium is Medium.STORAGE and e.removed]
+    # Oldest first by the store's modification times (ties, within a clock tick or a
+    # second on S3, are broken by name): which three is the store's call.
+    gone = [k for e in removed for k in e.keys]
+    assert len(gone) == len(set(gone)) == 3 and set(gone) <= set(keys)
+    kv_events = list(OffloadingEventsTracker(OffloadingKVEventsConfig(True, False)).take_events(removed))
+    assert {type(e).__name__ for e in kv_events} == {"BlockRemoved"}
+    expected = {maybe_convert_block_hash(BlockHash(k[:-4])) for k in gone}
+    assert {h for e in kv_events for h in e.block_hashes} == expected
+    assert tier.kvtier_stats()["evicted_blocks"] == 3
+    reader = engines()
+    verdicts = reader.promote(keys, "r")
+    assert {k: verdicts[k] for k in keys} == {k: LookupResult.MISS if k in gone else LookupResult.HIT for k in keys}
+
+
 def test_keys_of_short_hashes_as_vllms_own_tests_make_them(engines):
     """make_offload_key takes a hash of any length; vLLM's tier tests use 1-2 byte ones."""
     writer = engines()

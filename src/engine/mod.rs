@@ -10,6 +10,7 @@
 
 mod dedup;
 mod events;
+mod eviction;
 mod jobs;
 mod lookup;
 mod metrics;
@@ -36,7 +37,8 @@ use dedup::Dedup;
 use jobs::{failed_result, JobTable, Phase, ReadyFd};
 use lookup::{Answer, LookupTable};
 
-pub use events::{StoredEvent, EVENT_MEDIUM};
+pub use events::{KvEvent, EVENT_MEDIUM};
+pub use eviction::EvictionReport;
 pub use jobs::{JobKind, JobResult, KeyBatch, MAX_KEYS_PER_JOB};
 pub use lookup::LookupResult;
 pub use stats::{StatsField, StatsSnapshot, STATS_FIELDS};
@@ -63,6 +65,7 @@ pub(crate) struct Shared {
     stats: stats::Stats,
     metrics: metrics::Metrics,
     dedup: Dedup,
+    events: events::EventQueue,
 }
 
 struct Lookups {
@@ -131,7 +134,6 @@ pub struct Tier {
     lookup_runtime: RwLock<Option<Runtime>>,
     results_rx: Receiver<JobResult>,
     lookups: Mutex<Lookups>,
-    events: Mutex<Vec<StoredEvent>>,
 }
 
 impl Tier {
@@ -154,14 +156,15 @@ impl Tier {
         let probe = runtime.block_on(store.probe(&probe_name))?;
         let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
         let store = Arc::new(store);
-        let (lookup_runtime, lookup_store) =
-            if config.separate_lookup_lane && matches!(config.store, StoreConfig::S3(_)) {
-                let (lane, lane_store) =
-                    runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
-                (Some(lane), Arc::new(lane_store))
-            } else {
-                (None, store.clone())
-            };
+        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane
+            && !matches!(config.store, StoreConfig::Local(_) | StoreConfig::Memory(_))
+        {
+            let (lane, lane_store) =
+                runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
+            (Some(lane), Arc::new(lane_store))
+        } else {
+            (None, store.clone())
+        };
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         log::info!("kvtier tier ready on {}", store.describe());
@@ -183,7 +186,16 @@ impl Tier {
             answers_tx,
             stats: stats::Stats::default(),
             metrics: metrics::Metrics::default(),
+            events: events::EventQueue::default(),
         });
+        if let Some(eviction) = shared.config.eviction.clone() {
+            // On the lookup lane when there is one: listing never competes with transfers.
+            let task = eviction::run(shared.clone(), eviction);
+            match &lookup_runtime {
+                Some(lane) => drop(lane.spawn(task)),
+                None => drop(runtime.spawn(task)),
+            }
+        }
         Ok(Tier {
             shared,
             runtime: RwLock::new(Some(runtime)),
@@ -193,7 +205,6 @@ impl Tier {
                 table: LookupTable::default(),
                 answers_rx,
             }),
-            events: Mutex::new(Vec::new()),
         })
     }
 
@@ -454,15 +465,16 @@ impl Tier {
             }
         }
         if self.shared.config.enable_kv_events {
-            let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
             for r in results
                 .iter()
                 .filter(|r| r.kind == JobKind::Store && r.succeeded())
             {
-                events.push(StoredEvent {
+                let locality = self.shared.config.locality;
+                self.shared.events.push(KvEvent {
                     job_id: r.job_id,
                     keys: r.keys.clone(),
-                    locality: self.shared.config.locality,
+                    locality,
+                    removed: false,
                 });
             }
         }
@@ -526,11 +538,27 @@ impl Tier {
         self.lookups().table.tracked_keys()
     }
 
-    /// Takes up to `max` of the BlockStored events recorded so far, oldest first.
-    pub fn take_events(&self, max: usize) -> Vec<StoredEvent> {
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let n = max.min(events.len());
-        events.drain(..n).collect()
+    /// Runs one eviction round now (the background task runs them every
+    /// `eviction.interval_ms`) and waits for it. `State` if the tier has no `eviction`.
+    pub fn evict_now(&self) -> Result<EvictionReport> {
+        let Some(config) = self.shared.config.eviction.clone() else {
+            return Err(Error::state("the tier has no eviction configured"));
+        };
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| rt.block_on(async move { eviction::round(&shared, &config).await }))
+            .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
+    }
+
+    /// Takes up to `max` of the BlockStored and BlockRemoved events recorded so far,
+    /// oldest first.
+    pub fn take_events(&self, max: usize) -> Vec<KvEvent> {
+        self.shared.events.take(max, false)
+    }
+
+    /// Takes up to `max` BlockStored events, oldest first; BlockRemoved events on the way
+    /// are dropped (the interface of hosts that know only stored blocks).
+    pub fn take_stored_events(&self, max: usize) -> Vec<KvEvent> {
+        self.shared.events.take(max, true)
     }
 
     /// The tier's metrics in the Prometheus text exposition format (version 0.0.4): the

@@ -36,6 +36,14 @@ macro_rules! counters {
                 vec![$(self.$name,)*]
             }
         }
+
+        #[cfg(test)]
+        impl Stats {
+            /// The counters in [`STATS_FIELDS`] order.
+            fn counters(&self) -> Vec<&AtomicU64> {
+                vec![$(&self.$name,)*]
+            }
+        }
     };
 }
 
@@ -53,6 +61,8 @@ counters! {
     dedup_already_stored: "Store keys the store already held (conditional PUT answered 412).",
     direct_requests: "Loads and existence checks sent on the direct HTTP path (`store.direct_http`).",
     direct_fallbacks: "Of those, the ones repeated through the general HTTP client after an unexpected answer or a transport error.",
+    evicted_blocks: "Blocks deleted by eviction (the namespace's byte budget or maximum age).",
+    evicted_bytes: "Bytes of the blocks deleted by eviction.",
 }
 
 /// A snapshot of the tier's counters. Counters are only ever appended, never renumbered.
@@ -86,6 +96,10 @@ pub struct StatsSnapshot {
     /// Of those, the ones repeated through the general HTTP client after an unexpected
     /// answer or a transport error.
     pub direct_fallbacks: u64,
+    /// Blocks deleted by eviction (the namespace's byte budget or maximum age).
+    pub evicted_blocks: u64,
+    /// Bytes of the blocks deleted by eviction.
+    pub evicted_bytes: u64,
 }
 
 #[cfg(test)]
@@ -95,22 +109,16 @@ mod tests {
     #[test]
     fn values_follow_the_field_list() {
         let stats = Stats::default();
-        for (i, field) in STATS_FIELDS.iter().enumerate() {
+        let counters = stats.counters();
+        assert_eq!(counters.len(), STATS_FIELDS.len());
+        for (i, (field, counter)) in STATS_FIELDS.iter().zip(counters).enumerate() {
             assert!(!field.help.is_empty(), "{} has no help", field.name);
-            let counter = match field.name {
-                "keys_stored" => &stats.keys_stored,
-                "direct_fallbacks" => &stats.direct_fallbacks,
-                _ => continue,
-            };
             counter.store(i as u64 + 100, Ordering::Relaxed);
         }
         let values = stats.snapshot().values();
         assert_eq!(values.len(), STATS_FIELDS.len());
         assert_eq!(values.len() * 8, std::mem::size_of::<StatsSnapshot>());
-        assert_eq!(values[0], 100);
-        assert_eq!(
-            values[STATS_FIELDS.len() - 1],
-            STATS_FIELDS.len() as u64 - 1 + 100
-        );
+        let expected: Vec<u64> = (0..STATS_FIELDS.len() as u64).map(|i| i + 100).collect();
+        assert_eq!(values, expected);
     }
 }

@@ -228,8 +228,9 @@ async fn load_block(
                 }
             );
             if shared.config.on_corrupt == OnCorrupt::FailAndDelete && same_bytes {
-                if let Err(e) = shared.store.delete(name).await {
-                    log::warn!("could not delete corrupt block {name}: {}", e.message);
+                match shared.store.delete(name).await {
+                    Ok(()) => super::eviction::emit_removed(shared, &[key.to_vec()]),
+                    Err(e) => log::warn!("could not delete corrupt block {name}: {}", e.message),
                 }
             }
             Err(second)

@@ -52,7 +52,7 @@ pub struct kvt_tier {
     /// Per-key statuses and messages of the last poll, kept alive until the next poll.
     last_poll: Mutex<PollScratch>,
     /// Events of the last `kvt_tier_take_events`, kept alive until the next call.
-    last_events: Mutex<Vec<crate::engine::StoredEvent>>,
+    last_events: Mutex<Vec<crate::engine::KvEvent>>,
 }
 
 /// Locality carried on events, from the configuration.
@@ -78,6 +78,34 @@ pub struct kvt_event {
     /// Always "STORAGE" (vLLM's Medium.STORAGE). Static.
     pub medium: *const c_char,
     pub locality: EventLocality,
+}
+
+/// A KV event: BlockStored (the keys of one successful store job, in job order) or
+/// BlockRemoved (keys the tier deleted: by eviction, or a corrupt object deleted under
+/// `on_corrupt = fail_and_delete`).
+#[repr(C)]
+pub struct kvt_kv_event {
+    /// The keys, as in a BlockStored event; `job_id` is 0 for a removal.
+    pub event: kvt_event,
+    /// BlockRemoved (vLLM's `OffloadingEvent.removed`) rather than BlockStored.
+    pub removed: bool,
+}
+
+impl kvt_event {
+    fn of(event: &crate::engine::KvEvent) -> kvt_event {
+        kvt_event {
+            job_id: event.job_id,
+            keys: event.keys.as_bytes().as_ptr(),
+            key_len: event.keys.key_len(),
+            num_keys: event.keys.len(),
+            medium: c"STORAGE".as_ptr(),
+            locality: match event.locality {
+                None => EventLocality::Unset,
+                Some(Locality::LOCAL) => EventLocality::Local,
+                Some(Locality::REMOTE) => EventLocality::Remote,
+            },
+        }
+    }
 }
 
 #[derive(Default)]
@@ -655,27 +683,111 @@ pub unsafe extern "C" fn kvt_tier_take_events(
     capacity: usize,
     out_count: *mut usize,
 ) -> Status {
+    // SAFETY: the arguments are passed through under the same contract.
+    unsafe {
+        take_events(
+            "kvt_tier_take_events",
+            tier,
+            out_events,
+            capacity,
+            out_count,
+            true,
+            kvt_event::of,
+        )
+    }
+}
+
+/// Takes up to `capacity` KV events, BlockStored and BlockRemoved, into `out_events`,
+/// oldest first, and writes their number to `*out_count`; the rest wait for the next call.
+///
+/// With `enable_kv_events`, BlockStored events are those of `kvt_tier_take_events`, and
+/// every block the tier deletes yields a BlockRemoved event (`removed` true, `job_id` 0):
+/// eviction (the `eviction` configuration) and corrupt objects deleted under
+/// `on_corrupt = fail_and_delete`. Use this function or `kvt_tier_take_events` on a tier,
+/// not both: the latter drops BlockRemoved events it meets. Ownership, NULL rules and
+/// thread-safety as `kvt_tier_take_events`; the key buffers stay valid until the next
+/// call of either function or `kvt_tier_free`.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_take_kv_events(
+    tier: *mut kvt_tier,
+    out_events: *mut kvt_kv_event,
+    capacity: usize,
+    out_count: *mut usize,
+) -> Status {
+    let make = |e: &crate::engine::KvEvent| kvt_kv_event {
+        event: kvt_event::of(e),
+        removed: e.removed,
+    };
+    // SAFETY: the arguments are passed through under the same contract.
+    unsafe {
+        take_events(
+            "kvt_tier_take_kv_events",
+            tier,
+            out_events,
+            capacity,
+            out_count,
+            false,
+            make,
+        )
+    }
+}
+
+/// Runs one eviction round now and waits for it: lists the tier's namespace and deletes
+/// the oldest blocks past `eviction.max_bytes` and every block older than
+/// `eviction.max_age_s` (the background task does the same every
+/// `eviction.interval_ms`). Each deleted block yields a BlockRemoved event. Writes what
+/// it found and did to `*out_report` (zeroed on error). KVT_STATUS_STATE if the
+/// configuration has no `eviction`; NULL `tier` or `out_report` is
+/// KVT_STATUS_NULL_ARGUMENT. Blocks for the listing and deletes. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_evict_now(
+    tier: *mut kvt_tier,
+    out_report: *mut crate::engine::EvictionReport,
+) -> Status {
+    if !out_report.is_null() {
+        // SAFETY: non-NULL and writable (the header's contract).
+        unsafe { out_report.write(Default::default()) };
+    }
+    let body = |handle: &kvt_tier| {
+        if out_report.is_null() {
+            return Err(Error::new(Status::NullArgument, "out_report is NULL"));
+        }
+        let report = handle.tier.evict_now()?;
+        // SAFETY: non-NULL (checked above) and writable (the header's contract).
+        unsafe { out_report.write(report) };
+        Ok(())
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_evict_now", tier, Access::Work, body) }
+}
+
+/// Fills a caller's event array.
+///
+/// # Safety
+/// The contract of `kvt_tier_take_events`.
+unsafe fn take_events<T>(
+    name: &str,
+    tier: *mut kvt_tier,
+    out_events: *mut T,
+    capacity: usize,
+    out_count: *mut usize,
+    stored_only: bool,
+    make: impl Fn(&crate::engine::KvEvent) -> T,
+) -> Status {
     // SAFETY: `out_count` is NULL or writable (the header's contract).
     unsafe { reset_count(out_count) };
     let body = |handle: &kvt_tier| {
         check_outputs(out_events, capacity, out_count)?;
         let mut kept = handle.last_events.lock().unwrap_or_else(|p| p.into_inner());
-        *kept = handle.tier.take_events(capacity);
+        *kept = if stored_only {
+            handle.tier.take_stored_events(capacity)
+        } else {
+            handle.tier.take_events(capacity)
+        };
         for (i, event) in kept.iter().enumerate() {
-            let event = kvt_event {
-                job_id: event.job_id,
-                keys: event.keys.as_bytes().as_ptr(),
-                key_len: event.keys.key_len(),
-                num_keys: event.keys.len(),
-                medium: c"STORAGE".as_ptr(),
-                locality: match event.locality {
-                    None => EventLocality::Unset,
-                    Some(Locality::LOCAL) => EventLocality::Local,
-                    Some(Locality::REMOTE) => EventLocality::Remote,
-                },
-            };
+            let event = make(event);
             // SAFETY: `out_events` is non-NULL (check_outputs) and holds `capacity`
-            // elements by the header's contract; take_events returned at most `capacity`.
+            // elements by the header's contract; at most `capacity` events were taken.
             unsafe {
                 out_events.add(i).write(event);
                 *out_count = i + 1;
@@ -684,7 +796,7 @@ pub unsafe extern "C" fn kvt_tier_take_events(
         Ok(())
     };
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier("kvt_tier_take_events", tier, Access::Collect, body) }
+    unsafe { guard_tier(name, tier, Access::Collect, body) }
 }
 
 /// Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:

@@ -47,6 +47,23 @@ pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
     })
 }
 
+/// The status of an Azure Blob error code (`<Code>` in the body), or of a code only GCS's
+/// XML API uses; codes S3 shares are in [`status_of_s3_code`].
+pub(crate) fn status_of_cloud_code(code: &str) -> Option<Status> {
+    Some(match code {
+        "ContainerNotFound" | "ContainerBeingDeleted" | "ContainerDisabled" => Status::BucketNotFound,
+        "BlobNotFound" | "ResourceNotFound" => Status::NotFound,
+        "AuthenticationFailed" | "InvalidAuthenticationInfo" | "NoAuthenticationInformation"
+        // GCS: a request without credentials.
+        | "AuthenticationRequired" => Status::Auth,
+        "AuthorizationFailure" | "AuthorizationPermissionMismatch" | "AuthorizationSourceIPMismatch"
+        | "AuthorizationProtocolMismatch" | "AuthorizationResourceTypeMismatch" | "AuthorizationServiceMismatch"
+        | "InsufficientAccountPermissions" | "AccountIsDisabled" => Status::PermissionDenied,
+        "OperationTimedOut" => Status::Timeout,
+        _ => return None,
+    })
+}
+
 /// The first error of type `T` in `error`'s source chain, looking inside `io::Error`s too.
 fn find_in_chain<'a, T: std::error::Error + 'static>(
     error: &'a (dyn std::error::Error + 'static),
@@ -118,7 +135,9 @@ pub(crate) fn classify(error: &object_store::Error) -> Status {
     // missing bucket from a missing key, and bad credentials from a refused permission.
     // It is the server's answer, carried in the error's text by object_store, which has
     // no typed accessor for the body.
-    if let Some(status) = s3_error_code(&error_chain(error)).and_then(status_of_s3_code) {
+    if let Some(status) = s3_error_code(&error_chain(error))
+        .and_then(|code| status_of_s3_code(code).or_else(|| status_of_cloud_code(code)))
+    {
         return status;
     }
     match error {
@@ -235,6 +254,34 @@ mod tests {
         );
         assert_eq!(status_of_s3_code("SlowDown"), None);
         assert_eq!(s3_error_code("no body"), None);
+    }
+
+    #[test]
+    fn azure_codes_map_to_statuses() {
+        let body = "Server returned non-2xx status code: 404 Not Found: <?xml version=\"1.0\"?><Error><Code>ContainerNotFound</Code><Message>The specified container does not exist.</Message></Error>";
+        let code = s3_error_code(body).unwrap();
+        assert_eq!(status_of_s3_code(code), None);
+        assert_eq!(status_of_cloud_code(code), Some(Status::BucketNotFound));
+        assert_eq!(status_of_cloud_code("BlobNotFound"), Some(Status::NotFound));
+        assert_eq!(
+            status_of_cloud_code("AuthenticationFailed"),
+            Some(Status::Auth)
+        );
+        assert_eq!(
+            status_of_cloud_code("AuthorizationFailure"),
+            Some(Status::PermissionDenied)
+        );
+        assert_eq!(
+            status_of_cloud_code("NoSuchBucket"),
+            None,
+            "an S3 code, mapped by status_of_s3_code"
+        );
+        // A list or delete error comes back Generic: its code still decides.
+        let generic = object_store::Error::Generic {
+            store: "MicrosoftAzure",
+            source: body.into(),
+        };
+        assert_eq!(classify(&generic), Status::BucketNotFound);
     }
 
     #[test]

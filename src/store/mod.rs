@@ -5,9 +5,12 @@
 //!
 //! Data flows one way: the engine calls a `Store`; a `Store` never calls the engine.
 
+mod azure;
 mod classify;
 mod credentials;
 pub(crate) mod direct;
+mod gcs;
+mod http_options;
 mod local;
 mod probe;
 mod s3;
@@ -48,6 +51,18 @@ enum Backend {
     S3 {
         ca_bundle: String,
         credentials: CredentialSource,
+    },
+    /// Azure Blob Storage: metadata names are C# identifiers, so the checksum is recorded
+    /// as `kvtier_crc32c`.
+    Azure {
+        ca_bundle: String,
+        credentials: &'static str,
+    },
+    /// Google Cloud Storage.
+    Gcs {
+        ca_bundle: String,
+        credentials: String,
+        bucket_check: Arc<gcs::BucketCheck>,
     },
 }
 
@@ -90,18 +105,19 @@ pub(crate) struct DirectCounts {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client by its Display: its Debug may show credentials (an Azure SAS token).
         f.debug_struct("Store")
             .field("describe", &self.describe)
-            .field("client", &self.client)
+            .field("client", &format_args!("{}", self.client))
             .finish()
     }
 }
 
 impl Store {
     /// Builds the store a configuration describes. Does no I/O except creating a local
-    /// root and reading the AWS shared credentials/config files. Must be called inside the
-    /// tokio runtime that will run its requests (an HTTP client's connections belong to
-    /// the runtime that opens them).
+    /// root and reading the AWS shared credentials/config files or a GCS service-account
+    /// file. Must be called inside the tokio runtime that will run its requests (an HTTP
+    /// client's connections belong to the runtime that opens them).
     pub fn open(config: &StoreConfig) -> Result<Store> {
         let (client, backend, direct, max_retries) = match config {
             StoreConfig::Local(local) => {
@@ -121,6 +137,22 @@ impl Store {
                     credentials: built.credentials,
                 };
                 (built.client, backend, built.direct, config.max_retries)
+            }
+            StoreConfig::Azure(config) => {
+                let backend = Backend::Azure {
+                    ca_bundle: config.ca_bundle.clone(),
+                    credentials: azure::credential_source(config),
+                };
+                (azure::open(config)?, backend, None, config.max_retries)
+            }
+            StoreConfig::Gcs(config) => {
+                let built = gcs::open(config)?;
+                let backend = Backend::Gcs {
+                    ca_bundle: config.ca_bundle.clone(),
+                    credentials: gcs::credential_source(config),
+                    bucket_check: built.bucket_check,
+                };
+                (built.client, backend, None, config.max_retries)
             }
         };
         Ok(Store {
@@ -198,9 +230,12 @@ impl Store {
                 .await
                 .map_err(|e| Error::join(&format!("store {path}"), &e))?;
         }
-        let attributes = match crc {
-            None => Default::default(),
-            Some(crc) => integrity::checksum_attributes(crc),
+        let attributes = match (crc, &self.backend) {
+            (None, _) => Default::default(),
+            (Some(crc), Backend::Azure { .. }) => {
+                integrity::checksum_attributes_named(crc, integrity::CRC_METADATA_AZURE)
+            }
+            (Some(crc), _) => integrity::checksum_attributes(crc),
         };
         let body = match self.backend {
             Backend::Memory => Bytes::copy_from_slice(&body),
@@ -377,7 +412,7 @@ impl Store {
 
     /// Whether the store refuses a second create of one object (conditional PUT), asked
     /// with an object named after `probe_name`.
-    pub async fn honours_conditional_put(&self, probe_name: &str) -> bool {
+    pub(crate) async fn honours_conditional_put(&self, probe_name: &str) -> bool {
         probe::honours_conditional_put(self, probe_name).await
     }
 }
@@ -392,6 +427,12 @@ fn describe(config: &StoreConfig) -> String {
             s3::endpoint_url(&s3.endpoint_override, s3.scheme.as_deref())
                 .unwrap_or_else(|| "AWS".to_string())
         ),
+        StoreConfig::Azure(azure) => format!(
+            "azure container {:?} at {}",
+            azure.container,
+            azure::account_url(azure)
+        ),
+        StoreConfig::Gcs(gcs) => format!("gcs bucket {:?} at {}", gcs.bucket, gcs::base_url(gcs)),
     }
 }
 

@@ -53,6 +53,13 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
         }
         status => return Err(probe_error(status, &get_error, store)),
     }
+    if let Backend::Gcs { bucket_check, .. } = &store.backend {
+        // GCS's XML API says NoSuchBucket above; an emulator's bare 404 is settled by the
+        // bucket's own resource.
+        if bucket_check.bucket_missing().await == Some(true) {
+            return Err(probe_error(Status::BucketNotFound, &get_error, store));
+        }
+    }
     let directory = object_path(probe_name.rsplit_once('/').map_or("", |(dir, _)| dir));
     match client.list_with_delimiter(Some(&directory)).await {
         Err(e) if classify(&e) == Status::BucketNotFound => {
@@ -77,25 +84,35 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
             ca_bundle.as_str(),
             format!(" (credentials from {credentials})"),
         ),
+        Backend::Azure {
+            ca_bundle,
+            credentials,
+        } => (
+            ca_bundle.as_str(),
+            format!(" (credentials from {credentials})"),
+        ),
+        Backend::Gcs {
+            ca_bundle,
+            credentials,
+            ..
+        } => (
+            ca_bundle.as_str(),
+            format!(" (credentials from {credentials})"),
+        ),
         _ => ("", String::new()),
     };
-    let advice = match status {
-        Status::Connect => "the endpoint is unreachable: check endpoint_override, scheme and that the server is running"
-            .to_string(),
-        Status::Tls => tls_advice(tls_problem(error), ca_bundle),
-        Status::BucketNotFound => "the bucket does not exist: create it or fix store.bucket".to_string(),
-        Status::Auth => format!(
-            "the credentials were rejected{}: check the access key, secret key and session token, and the region{credentials}",
-            s3_error_code(&detail).map(|c| format!(" ({c})")).unwrap_or_default()
+    let azure = matches!(store.backend, Backend::Azure { .. });
+    let advice = match (status, &store.backend) {
+        (Status::Tls, Backend::Azure { .. } | Backend::Gcs { .. }) => tls_advice(
+            tls_problem(error),
+            ca_bundle,
+            "store.endpoint",
+            "an http:// URL in store.endpoint",
         ),
-        Status::PermissionDenied => format!(
-            "access was denied: the credentials need s3:GetObject and s3:PutObject on the bucket{credentials}"
-        ),
-        Status::Timeout => {
-            "the store did not answer in time: check endpoint_override, connect_timeout_ms and request_timeout_ms"
-                .to_string()
+        (_, Backend::Azure { .. } | Backend::Gcs { .. }) => {
+            cloud_advice(status, azure, &detail, &credentials)
         }
-        _ => "the store returned an error: check endpoint_override, scheme and the server's logs".to_string(),
+        _ => s3_advice(status, error, ca_bundle, &detail, &credentials),
     };
     let status = if status == Status::Timeout || status == Status::Io {
         Status::Connect
@@ -110,7 +127,65 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
     )
 }
 
-fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str) -> String {
+/// What to do about a failed probe of an Azure Blob or GCS store.
+fn cloud_advice(status: Status, azure: bool, detail: &str, credentials: &str) -> String {
+    let code = s3_error_code(detail)
+        .map(|c| format!(" ({c})"))
+        .unwrap_or_default();
+    match (status, azure) {
+        (Status::Connect, _) => "the endpoint is unreachable: check store.endpoint and that the server is running".to_string(),
+        (Status::BucketNotFound, true) => "the container does not exist: create it or fix store.container".to_string(),
+        (Status::BucketNotFound, false) => "the bucket does not exist: create it or fix store.bucket".to_string(),
+        (Status::Auth, true) => {
+            format!("the credentials were rejected{code}: check store.access_key or store.sas, and store.account{credentials}")
+        }
+        (Status::Auth, false) => format!(
+            "the credentials were rejected{code}: check store.service_account or the application default credentials{credentials}"
+        ),
+        (Status::PermissionDenied, true) => format!(
+            "access was denied{code}: check store.access_key or store.sas (a wrong key is refused this way too) and that \
+             they may read, write and delete blobs in the container{credentials}"
+        ),
+        (Status::PermissionDenied, false) => format!(
+            "access was denied{code}: the credentials need storage.objects.get, create and delete on the bucket{credentials}"
+        ),
+        (Status::Timeout, _) => {
+            "the store did not answer in time: check store.endpoint, connect_timeout_ms and request_timeout_ms".to_string()
+        }
+        _ => "the store returned an error: check store.endpoint and the server's logs".to_string(),
+    }
+}
+
+/// What to do about a failed probe of an S3 store.
+fn s3_advice(
+    status: Status,
+    error: &object_store::Error,
+    ca_bundle: &str,
+    detail: &str,
+    credentials: &str,
+) -> String {
+    match status {
+        Status::Connect => "the endpoint is unreachable: check endpoint_override, scheme and that the server is running"
+            .to_string(),
+        Status::Tls => tls_advice(tls_problem(error), ca_bundle, "endpoint_override", "scheme http"),
+        Status::BucketNotFound => "the bucket does not exist: create it or fix store.bucket".to_string(),
+        Status::Auth => format!(
+            "the credentials were rejected{}: check the access key, secret key and session token, and the region{credentials}",
+            s3_error_code(detail).map(|c| format!(" ({c})")).unwrap_or_default()
+        ),
+        Status::PermissionDenied => format!(
+            "access was denied: the credentials need s3:GetObject and s3:PutObject on the bucket{credentials}"
+        ),
+        Status::Timeout => {
+            "the store did not answer in time: check endpoint_override, connect_timeout_ms and request_timeout_ms"
+                .to_string()
+        }
+        _ => "the store returned an error: check endpoint_override, scheme and the server's logs".to_string(),
+    }
+}
+
+/// `endpoint` names the key of the endpoint, `plain` how to ask for plain http.
+fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str, endpoint: &str, plain: &str) -> String {
     let ca_bundle = Some(ca_bundle).filter(|c| !c.is_empty());
     let trusted = match ca_bundle {
         Some(path) => format!("the system roots plus store.ca_bundle {path}"),
@@ -127,14 +202,15 @@ fn tls_advice(problem: Option<TlsProblem>, ca_bundle: &str) -> String {
                  to a PEM file holding the certificate of the CA that signed it"
             ),
         },
-        Some(TlsProblem::WrongName) => "the server's certificate does not name the host of endpoint_override: \
+        Some(TlsProblem::WrongName) => format!(
+            "the server's certificate does not name the host of {endpoint}: \
              connect by a name the certificate lists, or reissue the certificate"
-            .to_string(),
+        ),
         Some(TlsProblem::Expired) => {
             "the server's certificate is expired or not yet valid: renew it or check the clock".to_string()
         }
         Some(TlsProblem::NotTls) => {
-            "the server does not speak TLS on this port: use scheme http, or the server's TLS port".to_string()
+            format!("the server does not speak TLS on this port: use {plain}, or the server's TLS port")
         }
         Some(TlsProblem::Other) | None => {
             format!("the server certificate could not be verified against {trusted}: check scheme and store.ca_bundle")

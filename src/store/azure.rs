@@ -1,0 +1,202 @@
+//! Azure Blob Storage (and Azurite): account URL, client options, retries, credentials.
+
+use std::sync::Arc;
+
+use object_store::azure::MicrosoftAzureBuilder;
+
+use super::classify::error_chain;
+use super::credentials::{register_secret, scrub};
+use super::http_options::{client_options, is_http, retry_config};
+use super::DynStore;
+use crate::config::AzureConfig;
+use crate::error::{Error, Result};
+
+/// The account URL requests go to: `endpoint`, or Azure's public one for the account.
+pub(crate) fn account_url(azure: &AzureConfig) -> String {
+    if azure.endpoint.is_empty() {
+        format!("https://{}.blob.core.windows.net", azure.account)
+    } else {
+        azure.endpoint.trim_end_matches('/').to_string()
+    }
+}
+
+/// Where the credentials come from, for messages.
+pub(crate) fn credential_source(azure: &AzureConfig) -> &'static str {
+    if !azure.access_key.is_empty() {
+        "store.access_key"
+    } else if !azure.sas.is_empty() {
+        "store.sas"
+    } else {
+        "the Azure credential chain (AZURE_* environment variables, workload or managed identity)"
+    }
+}
+
+/// An Azure Blob client for the configured container.
+pub(super) fn open(azure: &AzureConfig) -> Result<DynStore> {
+    register_secrets(azure);
+    let url = account_url(azure);
+    let allow_http = is_http(&url);
+    let options = client_options(
+        azure.connect_timeout_ms,
+        azure.request_timeout_ms,
+        allow_http,
+        &azure.ca_bundle,
+    )?;
+    // Explicit credentials leave the environment out: an AZURE_STORAGE_TOKEN there would
+    // otherwise win over the configured key.
+    let builder = if !azure.access_key.is_empty() {
+        MicrosoftAzureBuilder::new().with_access_key(azure.access_key.expose())
+    } else if !azure.sas.is_empty() {
+        MicrosoftAzureBuilder::new().with_config(
+            object_store::azure::AzureConfigKey::SasKey,
+            azure.sas.expose(),
+        )
+    } else {
+        MicrosoftAzureBuilder::from_env()
+    };
+    let built = builder
+        .with_account(&azure.account)
+        .with_container_name(&azure.container)
+        .with_endpoint(url)
+        .with_allow_http(allow_http)
+        .with_client_options(options)
+        .with_retry(retry_config(azure.request_timeout_ms, azure.max_retries))
+        .build()
+        .map_err(|e| {
+            Error::config(format!(
+                "Azure store (container {:?}, credentials from {}): {}",
+                azure.container,
+                credential_source(azure),
+                scrub(&error_chain(&e))
+            ))
+        })?;
+    log::debug!(
+        "azure container {:?}: credentials from {}",
+        azure.container,
+        credential_source(azure)
+    );
+    Ok(Arc::new(built))
+}
+
+/// Registers the configured key and SAS for redaction, the SAS signature also in the
+/// forms it takes in a request URL (decoded, then form-encoded by the HTTP layer).
+fn register_secrets(azure: &AzureConfig) {
+    register_secret(azure.access_key.expose());
+    let sas = azure.sas.expose();
+    register_secret(sas);
+    let decoded = percent_decode(sas);
+    for pair in decoded.trim_start_matches('?').split('&') {
+        if let Some(("sig", value)) = pair.trim().split_once('=') {
+            register_secret(value);
+            register_secret(&form_urlencode(value));
+        }
+    }
+    for pair in sas.trim_start_matches('?').split('&') {
+        if let Some(("sig", value)) = pair.trim().split_once('=') {
+            register_secret(value);
+        }
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `application/x-www-form-urlencoded` encoding, as the HTTP layer writes query values.
+fn form_urlencode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for &b in text.as_bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn azure(json: &str) -> AzureConfig {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn account_url_defaults_to_azure() {
+        assert_eq!(
+            account_url(&azure(r#"{"account":"acct","container":"c"}"#)),
+            "https://acct.blob.core.windows.net"
+        );
+        let c = azure(
+            r#"{"account":"devstoreaccount1","container":"c","endpoint":"http://127.0.0.1:10000/devstoreaccount1/"}"#,
+        );
+        assert_eq!(account_url(&c), "http://127.0.0.1:10000/devstoreaccount1");
+        assert!(is_http(&account_url(&c)));
+    }
+
+    #[test]
+    fn sas_signature_is_scrubbed_in_every_form() {
+        let c = azure(
+            r#"{"account":"a","container":"c","sas":"?sv=2024-01-01&sp=rwdl&sig=Zk9v%2BYmFy%2FQmF6%3D&se=2030-01-01"}"#,
+        );
+        register_secrets(&c);
+        for form in [
+            "Zk9v%2BYmFy%2FQmF6%3D",
+            "Zk9v+YmFy/QmF6=",
+            "Zk9v%2BYmFy%2FQmF6%3D",
+        ] {
+            let text = format!("GET http://h/c/b?sv=2024-01-01&sig={form} failed");
+            assert!(!scrub(&text).contains(form), "{form}: {}", scrub(&text));
+            assert!(
+                scrub(&text).contains("sv=2024-01-01"),
+                "only the signature goes"
+            );
+        }
+        assert_eq!(form_urlencode("a+b/c= d"), "a%2Bb%2Fc%3D+d");
+        assert_eq!(percent_decode("a%2Bb%2fc%3"), "a+b/c%3");
+    }
+
+    #[test]
+    fn store_debug_shows_no_credentials() {
+        let c = azure(
+            r#"{"account":"a","container":"c","sas":"sv=2024&sig=debug-sig-value-123","endpoint":"http://127.0.0.1:1/a"}"#,
+        );
+        let config = crate::config::StoreConfig::Azure(c);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let store = super::super::Store::open(&config).unwrap();
+        let debug = format!("{store:?}");
+        assert!(!debug.contains("debug-sig-value-123"), "{debug}");
+        assert_eq!(
+            store.describe(),
+            "azure container \"c\" at http://127.0.0.1:1/a"
+        );
+    }
+}
