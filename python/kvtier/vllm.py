@@ -700,7 +700,8 @@ class KvtierTier(_Base):
                 logger.warning("kvtier request_finished failed: %s", exc)
 
     def touch(self, keys, req_context) -> None:
-        """Accepted and ignored: kvtier keeps no recency order yet (nothing evicts)."""
+        """Accepted and ignored: eviction (the ``eviction`` config) deletes the oldest-stored
+        blocks first; kvtier keeps no recency order that a touch could refresh."""
         return None
 
     # -- jobs ------------------------------------------------------------------------
