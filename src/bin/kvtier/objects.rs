@@ -4,6 +4,7 @@
 //! batches, and printing sizes and times.
 
 use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use futures::StreamExt;
@@ -306,142 +307,54 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("too large a size: {text}"))
 }
 
-/// An age: a number and a unit, `s`, `m`, `h`, `d` or `w` (e.g. `7d`, `12h`, `30m`), in
-/// microseconds.
+/// An age, as humantime reads it (`7d`, `12h`, `30m`, `1h 30m`, `0s`), in microseconds.
 pub fn parse_age(text: &str) -> Result<i64, String> {
-    let unit = text.chars().last().ok_or("an age is needed, e.g. 7d")?;
-    let seconds: i64 = match unit {
-        's' => 1,
-        'm' => 60,
-        'h' => 3600,
-        'd' => 86_400,
-        'w' => 7 * 86_400,
-        _ => {
-            return Err(format!(
-                "{text:?} needs a unit: s, m, h, d or w (e.g. 7d, 12h, 30m)"
-            ))
-        }
-    };
-    let n = text[..text.len() - 1]
-        .parse::<i64>()
-        .map_err(|_| format!("not an age: {text:?} (e.g. 7d, 12h, 30m)"))?;
-    n.checked_mul(seconds)
-        .and_then(|s| s.checked_mul(1_000_000))
-        .filter(|us| *us >= 0)
-        .ok_or_else(|| format!("not a usable age: {text}"))
+    let age = humantime::parse_duration(text)
+        .map_err(|e| format!("not an age: {text:?} ({e}; e.g. 7d, 12h, 30m)"))?;
+    i64::try_from(age.as_micros()).map_err(|_| format!("too long an age: {text}"))
 }
 
-/// A point in time: RFC 3339 (`2025-05-01T12:00:00Z`, `2025-05-01T14:00:00.5+02:00`) or
+fn micros_of(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => after.as_micros() as i64,
+        Err(before) => -(before.duration().as_micros() as i64),
+    }
+}
+
+/// A point in time: RFC 3339 in UTC (`2025-05-01T12:00:00Z`, `2025-05-01 12:00:00.5`) or
 /// `@` and seconds since the Unix epoch (`@1746100800.25`), in microseconds.
 pub fn parse_time(text: &str) -> Result<i64, String> {
     let bad = || {
-        format!("not a time: {text:?} (RFC 3339, e.g. 2025-05-01T12:00:00Z, or @<unix seconds>)")
+        format!(
+            "not a time: {text:?} (RFC 3339 in UTC, e.g. 2025-05-01T12:00:00Z, or @<unix seconds>)"
+        )
     };
     if let Some(epoch) = text.strip_prefix('@') {
-        let (whole, frac) = epoch.split_once('.').unwrap_or((epoch, ""));
-        let seconds: i64 = whole.parse().map_err(|_| bad())?;
-        return Ok(seconds * 1_000_000 + fraction_us(frac).ok_or_else(bad)?);
-    }
-    let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return Err(bad());
-    }
-    let num = |range: std::ops::Range<usize>| -> Result<i64, String> {
-        let part = text.get(range).ok_or_else(bad)?;
-        if !part.bytes().all(|c| c.is_ascii_digit()) {
+        let seconds: f64 = epoch.parse().map_err(|_| bad())?;
+        if !seconds.is_finite() {
             return Err(bad());
         }
-        part.parse().map_err(|_| bad())
-    };
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    if b[13] != b':' || b[16] != b':' {
-        return Err(bad());
+        return Ok((seconds * 1e6).round() as i64);
     }
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return Err(bad());
-    }
-    let mut rest = &text[19..];
-    let mut micros = 0;
-    if let Some(after) = rest.strip_prefix('.') {
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        micros = fraction_us(&after[..digits]).ok_or_else(bad)?;
-        rest = &after[digits..];
-    }
-    let offset_seconds = match rest {
-        "Z" | "z" => 0,
-        _ if rest.len() == 6
-            && (rest.starts_with('+') || rest.starts_with('-'))
-            && &rest[3..4] == ":" =>
-        {
-            let hours: i64 = rest[1..3].parse().map_err(|_| bad())?;
-            let minutes: i64 = rest[4..6].parse().map_err(|_| bad())?;
-            let sign = if rest.starts_with('-') { -1 } else { 1 };
-            sign * (hours * 3600 + minutes * 60)
-        }
-        _ => return Err(bad()),
-    };
-    let days = days_from_civil(year, month, day);
-    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
-    Ok(seconds * 1_000_000 + micros)
-}
-
-/// Microseconds of a decimal fraction's digits (`"5"` is half a second); extra digits
-/// are dropped.
-fn fraction_us(digits: &str) -> Option<i64> {
-    if !digits.bytes().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    let mut padded: String = digits.chars().take(6).collect();
-    while padded.len() < 6 {
-        padded.push('0');
-    }
-    padded.parse().ok()
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    humantime::parse_rfc3339_weak(text)
+        .map(micros_of)
+        .map_err(|_| bad())
 }
 
 /// A time as RFC 3339 in UTC with milliseconds: `2025-05-01T12:00:00.250Z`.
 pub fn format_time(micros: i64) -> String {
-    let seconds = micros.div_euclid(1_000_000);
-    let millis = micros.rem_euclid(1_000_000) / 1000;
-    let (days, rem) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let offset = Duration::from_micros(micros.unsigned_abs());
+    let time = if micros >= 0 {
+        UNIX_EPOCH + offset
+    } else {
+        UNIX_EPOCH - offset
+    };
+    humantime::format_rfc3339_millis(time).to_string()
 }
 
 /// Now, in microseconds since the Unix epoch.
 pub fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
+    micros_of(SystemTime::now())
 }
 
 #[cfg(test)]
@@ -510,28 +423,20 @@ mod tests {
         assert!(parse_bytes("1.5G").is_err());
         assert_eq!(parse_age("7d"), Ok(7 * 86_400 * 1_000_000));
         assert_eq!(parse_age("30m"), Ok(1_800_000_000));
+        assert_eq!(parse_age("0s"), Ok(0));
+        assert_eq!(parse_age("1h 30m"), Ok(5_400_000_000));
         assert!(parse_age("7").is_err() && parse_age("d").is_err() && parse_age("-1h").is_err());
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(10 << 30), "10.0 GiB");
         let t = parse_time("2025-05-01T12:00:00Z").unwrap();
         assert_eq!(t, 1_746_100_800_000_000);
-        assert_eq!(parse_time("2025-05-01T14:00:00.25+02:00"), Ok(t + 250_000));
+        assert_eq!(parse_time("2025-05-01 12:00:00.25"), Ok(t + 250_000));
         assert_eq!(parse_time("@1746100800.25"), Ok(t + 250_000));
         assert_eq!(format_time(t + 250_000), "2025-05-01T12:00:00.250Z");
         assert_eq!(parse_time(&format_time(t + 250_000)), Ok(t + 250_000));
         assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            parse_time("2024-02-29T23:59:59.999999Z"),
-            Ok(1_709_251_199_999_999)
-        );
-        for bad in [
-            "2025-05-01",
-            "2025-13-01T00:00:00Z",
-            "2025-05-01T00:00:00",
-            "@x",
-            "yesterday",
-        ] {
+        for bad in ["2025-05-01", "2025-13-01T00:00:00Z", "@x", "yesterday"] {
             assert!(parse_time(bad).is_err(), "{bad}");
         }
     }

@@ -16,7 +16,7 @@ use kvtier::config::{DedupMode, S3Config, StoreConfig};
 use kvtier::key::KeyLayout;
 use kvtier::store::{error_chain, object_path, ProbeOutcome, Store};
 use kvtier::{Status, TierConfig};
-use object_store::{Attribute, Attributes, ObjectStoreExt, PutOptions, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::json;
 
 use crate::common::{runtime, Failure, StoreArgs};
@@ -220,7 +220,38 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
     let outcome = store.probe(probe_name).await;
     let missing_is_forbidden = matches!(outcome, Ok(ProbeOutcome::ReadyWithoutList));
     match &config.store {
-        StoreConfig::S3(s3) => start_up_checks_s3(&mut report, store, s3, &outcome),
+        StoreConfig::S3(s3) => {
+            let remote = Remote {
+                tls: uses_tls(s3),
+                ca_bundle: &s3.ca_bundle,
+                credentials: match (s3.access_key.is_empty(), s3.session_token.is_empty()) {
+                    (true, _) => "signed requests accepted (credentials from the default chain: environment, profile, web identity or instance role)",
+                    (false, true) => "signed requests accepted (credentials from store.access_key/store.secret_key)",
+                    (false, false) => "signed requests accepted (temporary credentials from store.access_key/secret_key/session_token)",
+                },
+                container: format!("bucket {:?}", s3.bucket),
+            };
+            start_up_checks(&mut report, store, &remote, &outcome)
+        }
+        StoreConfig::Azure(azure) => {
+            let remote = Remote {
+                tls: azure.endpoint.is_empty()
+                    || azure.endpoint.to_ascii_lowercase().starts_with("https://"),
+                ca_bundle: &azure.ca_bundle,
+                credentials: "requests accepted (store.access_key, store.sas or the AZURE_* chain)",
+                container: format!("container {:?}", azure.container),
+            };
+            start_up_checks(&mut report, store, &remote, &outcome)
+        }
+        StoreConfig::Gcs(gcs) => {
+            let remote = Remote {
+                tls: store.describe().contains(" at https://"),
+                ca_bundle: &gcs.ca_bundle,
+                credentials: "requests accepted (store.service_account or the application default credentials)",
+                container: format!("bucket {:?}", gcs.bucket),
+            };
+            start_up_checks(&mut report, store, &remote, &outcome)
+        }
         StoreConfig::Local(local) => match &outcome {
             Ok(_) => report.ok(
                 "directory",
@@ -260,10 +291,7 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
         "conditional PUT honoured",
         conditional_put(store, config, probe_name, scratch).await,
     );
-    let checksums = match &config.store {
-        StoreConfig::Local(local) => checksum_xattr(&local.path, probe_name, scratch).await,
-        _ => checksum_metadata(store, probe_name, scratch).await,
-    };
+    let checksums = checksum_recorded(store, probe_name, scratch).await;
     report.push(
         "checksum_metadata",
         "checksum metadata round-trips",
@@ -277,27 +305,30 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
     report
 }
 
+/// What the start-up checks of a remote store say about its configuration.
+struct Remote<'a> {
+    tls: bool,
+    ca_bundle: &'a str,
+    /// The credentials check's OK line.
+    credentials: &'static str,
+    /// "bucket \"kv\"" or "container \"kv\"".
+    container: String,
+}
+
 /// Endpoint, TLS, credentials and bucket, from the library probe's outcome: a failure's
 /// status says which step failed, and the steps before it passed.
-fn start_up_checks_s3(
+fn start_up_checks(
     report: &mut Report,
     store: &Store,
-    s3: &S3Config,
+    remote: &Remote<'_>,
     outcome: &kvtier::Result<ProbeOutcome>,
 ) {
-    let tls = uses_tls(s3);
     let failed = outcome.as_ref().err();
     let status = failed.map(|e| e.status);
     let message = failed.map_or("", |e| e.message.as_str());
-    // Each step: (id, label, statuses that mean this step failed, OK detail).
-    let trusted = match s3.ca_bundle.as_str() {
+    let trusted = match remote.ca_bundle {
         "" => "the system roots (store.ca_bundle is not set)".to_string(),
         path => format!("the system roots plus store.ca_bundle {path}"),
-    };
-    let credentials = match (s3.access_key.is_empty(), s3.session_token.is_empty()) {
-        (true, _) => "signed requests accepted (credentials from the default chain: environment, profile, web identity or instance role)",
-        (false, true) => "signed requests accepted (credentials from store.access_key/store.secret_key)",
-        (false, false) => "signed requests accepted (temporary credentials from store.access_key/secret_key/session_token)",
     };
     let endpoint_failed = !matches!(
         status,
@@ -312,7 +343,7 @@ fn start_up_checks_s3(
             format!("{} answered", store.describe()),
         );
     }
-    if !tls {
+    if !remote.tls {
         report.skip("tls", "TLS verified", "plain http endpoint: no TLS");
     } else if status == Some(Status::Tls) {
         report.fatal("tls", "TLS verified", message);
@@ -326,7 +357,7 @@ fn start_up_checks_s3(
     if matches!(status, Some(Status::Auth | Status::PermissionDenied)) {
         report.fatal("credentials", "credentials accepted", message);
     } else {
-        report.ok("credentials", "credentials accepted", credentials);
+        report.ok("credentials", "credentials accepted", remote.credentials);
     }
     if status == Some(Status::BucketNotFound) {
         report.fatal("bucket", "bucket exists", message);
@@ -334,7 +365,7 @@ fn start_up_checks_s3(
         report.ok(
             "bucket",
             "bucket exists",
-            format!("bucket {:?} answers", s3.bucket),
+            format!("{} answers", remote.container),
         );
     }
 }
@@ -419,96 +450,36 @@ async fn conditional_put(
     }
 }
 
-async fn checksum_metadata(store: &Store, probe_name: &str, run: bool) -> Outcome {
+/// A block written as a store job writes it comes back with its checksum recorded
+/// (object metadata; an extended attribute on the local store).
+async fn checksum_recorded(store: &Store, probe_name: &str, run: bool) -> Outcome {
     if !run {
         return Ok(String::new());
     }
     let name = scratch_name(probe_name, "crc");
     let path = object_path(&name);
     let body = Bytes::from_static(b"kvtier checksum metadata probe");
-    let crc = format!("{:08x}", crc32c::crc32c(&body));
-    let key = Attribute::Metadata(kvtier::CRC_METADATA.into());
-    let mut attributes = Attributes::new();
-    attributes.insert(key.clone(), crc.clone().into());
-    let client = store.client();
-    let options = PutOptions {
-        attributes,
-        ..Default::default()
-    };
-    if let Err(e) = client
-        .put_opts(&path, PutPayload::from_bytes(body), options)
-        .await
-    {
-        return problem(format!(
-            "PUT {name} with metadata {}: {}",
-            kvtier::CRC_METADATA,
-            error_chain(&e)
-        ));
+    if let Err(e) = store.put_block(&path, body).await {
+        return problem(format!("writing {name} as a block failed: {}", e.message));
     }
-    let got = client.get(&path).await;
-    let _ = client.delete(&path).await;
-    match got {
-        Ok(got) => match got.attributes.get(&key).map(|v| v.to_string()) {
-            Some(value) if value == crc => Ok(format!(
-                "metadata {} came back as written",
-                kvtier::CRC_METADATA
-            )),
-            Some(value) => problem(format!(
-                "metadata {} came back as {value:?}, not {crc:?}: loads would fail as corrupt",
-                kvtier::CRC_METADATA
-            )),
-            None => problem(format!(
-                "the store dropped the metadata {}: loads check the length only",
-                kvtier::CRC_METADATA
-            )),
-        },
-        Err(e) => problem(format!("GET {name}: {}", error_chain(&e))),
-    }
-}
-
-/// The local store records checksums as the extended attribute `user.kvtier.crc32c`.
-async fn checksum_xattr(root: &std::path::Path, probe_name: &str, run: bool) -> Outcome {
-    if !run {
-        return Ok(String::new());
-    }
-    let path = root.join(scratch_name(probe_name, "crc"));
-    let outcome = tokio::task::spawn_blocking(move || {
-        use std::os::fd::AsRawFd;
-        let attr = c"user.kvtier.crc32c";
-        let value = b"0badf00d";
-        let dir = path.parent().expect("a scratch name has a directory").to_path_buf();
-        let created = std::fs::create_dir_all(&dir).and_then(|()| std::fs::File::create_new(&path));
-        let file = match created {
-            Ok(file) => file,
-            Err(e) => return problem(format!("cannot create {}: {e}", path.display())),
-        };
-        // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, the value's
-        // pointer and length.
-        let set = unsafe {
-            libc::fsetxattr(file.as_raw_fd(), attr.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0)
-        };
-        let set_error = (set != 0).then(std::io::Error::last_os_error);
-        let mut buf = [0u8; 16];
-        let read = std::fs::File::open(&path).map(|f| {
-            // SAFETY: a valid descriptor owned by `f`, a NUL-terminated name, and a buffer
-            // of `buf.len()` writable bytes.
-            unsafe { libc::fgetxattr(f.as_raw_fd(), attr.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) }
-        });
-        let _ = std::fs::remove_file(&path);
-        // Only when empty: the library's own probe objects may live there.
-        let _ = std::fs::remove_dir(&dir);
-        match (set_error, read) {
-            (Some(e), _) => problem(format!(
-                "the file system does not keep user extended attributes ({e}): blocks load with the length check only"
-            )),
-            (None, Ok(n)) if n > 0 && &buf[..n as usize] == value => {
-                Ok("the extended attribute user.kvtier.crc32c came back as written".to_string())
-            }
-            (None, _) => problem("the extended attribute user.kvtier.crc32c did not come back: blocks load with the length check only".into()),
+    let checked = store.check_object(&path).await;
+    let _ = store.client().delete(&path).await;
+    match checked {
+        Ok(c) if c.recorded == Some(c.computed) => {
+            Ok("a block's checksum came back as written: loads verify every byte".to_string())
         }
-    })
-    .await;
-    outcome.unwrap_or_else(|e| problem(format!("the check's task failed: {e}")))
+        Ok(c) if c.recorded.is_some() => problem(format!(
+            "the recorded checksum came back as {:08x}, not {:08x}: loads would fail as corrupt",
+            c.recorded.unwrap_or_default(),
+            c.computed
+        )),
+        Ok(_) => problem(
+            "the store dropped the recorded checksum (object metadata, or the extended attribute \
+             user.kvtier.crc32c on a local directory): blocks load with the length check only"
+                .to_string(),
+        ),
+        Err(e) => problem(format!("reading {name} back failed: {}", e.message)),
+    }
 }
 
 async fn latency(
@@ -532,7 +503,7 @@ async fn latency(
     times.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     Ok(format!(
-        "median {:.2} ms over {LATENCY_SAMPLES} existence checks of a missing key (min {:.2}, max {:.2})",
+        "median {:.3} ms over {LATENCY_SAMPLES} existence checks of a missing key (min {:.3}, max {:.3})",
         ms(times[times.len() / 2]),
         ms(times[0]),
         ms(times[times.len() - 1])

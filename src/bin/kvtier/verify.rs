@@ -11,17 +11,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use clap::Args;
 use futures::StreamExt;
-use kvtier::store::{error_chain, object_path, Store};
-use object_store::{Attribute, GetResultPayload, ObjectStoreExt};
+use kvtier::store::{object_path, Store};
+use kvtier::Status;
 use serde_json::{json, Value};
 
 use crate::common::{parse_positive, runtime, Failure, StoreArgs};
 use crate::objects::{self, human_bytes, parse_bytes, Object, Scope, ScopeArgs};
-
-/// Extended attribute holding a block's CRC32C on the local store.
-const CRC_XATTR: &std::ffi::CStr = c"user.kvtier.crc32c";
-/// Bytes read from a local file at a time.
-const FILE_PIECE: usize = 1 << 20;
 
 #[derive(Args, Debug, Clone)]
 pub struct VerifyArgs {
@@ -36,7 +31,7 @@ pub struct VerifyArgs {
     pub block_bytes: Option<u64>,
 
     /// Delete the corrupt objects found (wrong length or checksum)
-    #[arg(long)]
+    #[arg(long, visible_alias = "delete")]
     pub delete_corrupt: bool,
 
     /// Objects read at once
@@ -93,88 +88,16 @@ fn even_sample(len: usize, n: usize) -> Vec<usize> {
     (0..n).map(|i| i * len / n).collect()
 }
 
-fn parse_crc(text: &str) -> Option<u32> {
-    u32::from_str_radix(text.trim(), 16).ok()
-}
-
-/// The checksum recorded on a local file (extended attribute), if any.
-fn file_checksum(file: &std::fs::File) -> Option<u32> {
-    use std::os::fd::AsRawFd;
-    let mut buf = [0u8; 16];
-    // SAFETY: a valid descriptor owned by `file`, a NUL-terminated name, and a buffer of
-    // `buf.len()` writable bytes.
-    let n = unsafe {
-        libc::fgetxattr(
-            file.as_raw_fd(),
-            CRC_XATTR.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    if n <= 0 {
-        return None;
-    }
-    std::str::from_utf8(&buf[..n as usize])
-        .ok()
-        .and_then(parse_crc)
-}
-
-/// Reads one object whole, checksumming it as it streams.
+/// Reads one object whole through the library, which checksums it as a load does.
 async fn read(store: &Store, name: &str) -> Read {
-    let got = match store.client().get(&object_path(name)).await {
-        Ok(got) => got,
-        Err(object_store::Error::NotFound { .. }) => return Read::Gone,
-        Err(e) => return Read::Failed(error_chain(&e)),
-    };
-    let recorded = got
-        .attributes
-        .get(&Attribute::Metadata(kvtier::CRC_METADATA.into()))
-        .and_then(|v| parse_crc(v.as_ref()));
-    match got.payload {
-        GetResultPayload::File(file, _) => {
-            let read = tokio::task::spawn_blocking(move || {
-                use std::os::unix::fs::FileExt;
-                let recorded = file_checksum(&file);
-                let mut buf = vec![0u8; FILE_PIECE];
-                let (mut offset, mut crc) = (0u64, 0u32);
-                loop {
-                    match file.read_at(&mut buf, offset) {
-                        Ok(0) => break,
-                        Ok(n) => {
-                            crc = crc32c::crc32c_append(crc, &buf[..n]);
-                            offset += n as u64;
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Read::Failed(e.to_string()),
-                    }
-                }
-                Read::Done {
-                    bytes: offset,
-                    recorded,
-                    computed: crc,
-                }
-            })
-            .await;
-            read.unwrap_or_else(|e| Read::Failed(format!("read task failed: {e}")))
-        }
-        GetResultPayload::Stream(mut stream) => {
-            let (mut bytes, mut crc) = (0u64, 0u32);
-            while let Some(chunk) = stream.next().await {
-                match chunk {
-                    Ok(chunk) => {
-                        crc = crc32c::crc32c_append(crc, &chunk);
-                        bytes += chunk.len() as u64;
-                    }
-                    Err(object_store::Error::NotFound { .. }) => return Read::Gone,
-                    Err(e) => return Read::Failed(error_chain(&e)),
-                }
-            }
-            Read::Done {
-                bytes,
-                recorded,
-                computed: crc,
-            }
-        }
+    match store.check_object(&object_path(name)).await {
+        Ok(check) => Read::Done {
+            bytes: check.bytes,
+            recorded: check.recorded,
+            computed: check.computed,
+        },
+        Err(e) if e.status == Status::NotFound => Read::Gone,
+        Err(e) => Read::Failed(e.message),
     }
 }
 
