@@ -309,6 +309,40 @@ fn probe_of_an_unreachable_endpoint_fails() {
 }
 
 #[test]
+fn probe_verifies_tls_against_the_ca_bundle_and_says_how_to_fix_it() {
+    let server = Server::moto_tls(std::sync::Arc::new(Tls::generate()));
+    let bucket = server.new_bucket();
+    let trusted = server.store_json(&bucket);
+    assert!(trusted["ca_bundle"].is_string());
+    let config = json!({"store": trusted, "prefix": "kv", "namespace": NS_A}).to_string();
+    let report = json_run("probe", &config, &[], 0);
+    let tls = check(&report, "tls");
+    assert_eq!(tls["ok"], true, "{report}");
+    assert!(
+        tls["detail"].as_str().unwrap().contains("store.ca_bundle"),
+        "{report}"
+    );
+
+    // Without the CA: the system roots do not know the server's issuer.
+    let mut untrusted = server.store_json(&bucket);
+    untrusted.as_object_mut().unwrap().remove("ca_bundle");
+    let untrusted = with(untrusted, "max_retries", json!(0));
+    let config = json!({"store": untrusted, "prefix": "kv", "namespace": NS_A}).to_string();
+    let report = json_run("probe", &config, &[], 1);
+    let tls = check(&report, "tls");
+    assert_eq!(tls["ok"], false, "{report}");
+    assert_eq!(tls["fatal"], true, "{report}");
+    assert!(
+        tls["detail"]
+            .as_str()
+            .unwrap()
+            .contains("set store.ca_bundle"),
+        "{report}"
+    );
+    assert_eq!(check(&report, "conditional_put")["skipped"], true);
+}
+
+#[test]
 fn probe_without_a_store_is_a_usage_error() {
     let out = kvtier(&["probe"]);
     assert_eq!(out.status.code(), Some(2));
