@@ -21,8 +21,9 @@ pub mod store;
 
 pub use config::TierConfig;
 pub use engine::{
-    EvictionReport, JobKind, JobResult, KeyBatch, KvEvent, LookupResult, StatsField, StatsSnapshot,
-    Tier, EVENT_MEDIUM, MAX_KEYS_PER_JOB, STATS_FIELDS,
+    choose_evictions, EvictionCandidate, EvictionReason, EvictionReport, JobKind, JobResult,
+    KeyBatch, KvEvent, LookupResult, StatsField, StatsSnapshot, Tier, EVENT_MEDIUM,
+    MAX_KEYS_PER_JOB, STATS_FIELDS,
 };
 pub use error::{Error, Result, Status};
 pub use integrity::{CRC_METADATA, CRC_METADATA_AZURE};

@@ -33,7 +33,17 @@ fn help_lists_the_subcommands() {
     let out = kvtier(&["--help"]);
     assert!(out.status.success(), "--help failed: {}", stderr(&out));
     let help = stdout(&out);
-    for sub in ["bench", "namespace", "completions", "version"] {
+    for sub in [
+        "bench",
+        "probe",
+        "ls",
+        "du",
+        "gc",
+        "verify",
+        "namespace",
+        "completions",
+        "version",
+    ] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(sub)),
             "--help does not list {sub}:\n{help}"

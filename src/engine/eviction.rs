@@ -32,11 +32,52 @@ pub struct EvictionReport {
     pub deleted_bytes: u64,
 }
 
-/// One block of the namespace.
-struct Listed {
-    name: object_store::path::Path,
-    size: u64,
-    modified: SystemTime,
+/// An object that eviction (or `kvtier gc`) may delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictionCandidate {
+    pub name: String,
+    pub bytes: u64,
+    pub modified: SystemTime,
+}
+
+/// Why [`choose_evictions`] chose an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionReason {
+    /// Modified before the cutoff.
+    Age,
+    /// Among the oldest objects while the set holds more than the byte budget.
+    Budget,
+}
+
+/// Sorts `objects` oldest first (the name breaks ties, so a choice does not depend on
+/// listing order) and chooses which to delete: every object modified before `cutoff`,
+/// then the oldest of the rest while more than `max_bytes` remain. Returns how many of
+/// the sorted objects go (they are the first ones) and why each goes.
+pub fn choose_evictions(
+    objects: &mut [EvictionCandidate],
+    cutoff: Option<SystemTime>,
+    max_bytes: Option<u64>,
+) -> Vec<EvictionReason> {
+    objects.sort_by(|a, b| {
+        a.modified
+            .cmp(&b.modified)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let mut remaining: u64 = objects.iter().map(|o| o.bytes).sum();
+    let mut reasons = Vec::new();
+    for object in objects.iter() {
+        let reason = if cutoff.is_some_and(|cutoff| object.modified < cutoff) {
+            EvictionReason::Age
+        } else if max_bytes.is_some_and(|max| remaining > max) {
+            EvictionReason::Budget
+        } else {
+            // Oldest first: every later object is newer still, and the budget is met.
+            break;
+        };
+        remaining -= object.bytes;
+        reasons.push(reason);
+    }
+    reasons
 }
 
 /// Runs rounds every `interval_ms` until the tier shuts down (its runtime drops the task).
@@ -78,43 +119,26 @@ pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<Ev
         })?;
         // Only blocks of this layout: never probe objects or anything else under the base.
         if shared.layout.key_of(meta.location.as_ref()).is_some() {
-            blocks.push(Listed {
-                name: meta.location,
-                size: meta.size,
+            blocks.push(EvictionCandidate {
+                name: meta.location.to_string(),
+                bytes: meta.size,
                 modified: meta.last_modified.into(),
             });
         }
     }
-    // Oldest first; the name breaks ties, so a round's choice does not depend on listing order.
-    blocks.sort_by(|a, b| {
-        a.modified
-            .cmp(&b.modified)
-            .then_with(|| a.name.cmp(&b.name))
-    });
     let mut report = EvictionReport {
         objects: blocks.len() as u64,
-        bytes: blocks.iter().map(|b| b.size).sum(),
+        bytes: blocks.iter().map(|b| b.bytes).sum(),
         ..Default::default()
     };
-    let now = SystemTime::now();
-    let too_old = |b: &Listed| {
-        config.max_age_s.is_some_and(|age| {
-            now.duration_since(b.modified).unwrap_or_default() > Duration::from_secs(age)
-        })
-    };
-    let mut remaining = report.bytes;
-    let mut doomed = Vec::new();
-    for block in &blocks {
-        let over_budget = config.max_bytes.is_some_and(|max| remaining > max);
-        if !(over_budget || too_old(block)) {
-            continue;
-        }
-        remaining -= block.size;
-        doomed.push(block);
-    }
+    let cutoff = config
+        .max_age_s
+        .and_then(|age| SystemTime::now().checked_sub(Duration::from_secs(age)));
+    let chosen = choose_evictions(&mut blocks, cutoff, config.max_bytes).len();
+    let doomed = &blocks[..chosen];
     let mut removed = Vec::new();
     for block in doomed {
-        match store.delete(&block.name).await {
+        match store.delete(&object_path(&block.name)).await {
             Ok(()) => {}
             // Deleted by someone else meanwhile (another tier, `kvtier gc`): gone either way.
             Err(e) if e.status == Status::NotFound => {}
@@ -124,8 +148,8 @@ pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<Ev
             }
         }
         report.deleted += 1;
-        report.deleted_bytes += block.size;
-        if let Some(key) = shared.layout.key_of(block.name.as_ref()) {
+        report.deleted_bytes += block.bytes;
+        if let Some(key) = shared.layout.key_of(&block.name) {
             shared.dedup.forget(&key);
             removed.push(key);
         }
@@ -161,5 +185,60 @@ pub(crate) fn emit_removed(shared: &Shared, keys: &[Vec<u8>]) {
                 removed: true,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str, bytes: u64, modified_s: u64) -> EvictionCandidate {
+        EvictionCandidate {
+            name: name.into(),
+            bytes,
+            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(modified_s),
+        }
+    }
+
+    fn chosen(
+        mut objects: Vec<EvictionCandidate>,
+        cutoff_s: Option<u64>,
+        max_bytes: Option<u64>,
+    ) -> Vec<(String, EvictionReason)> {
+        let cutoff = cutoff_s.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+        let reasons = choose_evictions(&mut objects, cutoff, max_bytes);
+        objects
+            .into_iter()
+            .zip(reasons)
+            .map(|(o, r)| (o.name, r))
+            .collect()
+    }
+
+    #[test]
+    fn age_then_budget_oldest_first_with_names_breaking_ties() {
+        let listing = vec![
+            object("c", 10, 30),
+            object("a", 10, 10),
+            object("b2", 10, 20),
+            object("b1", 10, 20),
+            object("d", 10, 40),
+        ];
+        let names = |v: Vec<(String, EvictionReason)>| {
+            v.iter()
+                .map(|(n, r)| format!("{n}:{r:?}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(names(chosen(listing.clone(), Some(20), None)), "a:Age");
+        assert_eq!(
+            names(chosen(listing.clone(), None, Some(25))),
+            "a:Budget b1:Budget b2:Budget"
+        );
+        assert_eq!(
+            names(chosen(listing.clone(), Some(21), Some(15))),
+            "a:Age b1:Age b2:Age c:Budget"
+        );
+        assert!(chosen(listing.clone(), Some(0), Some(50)).is_empty());
+        assert_eq!(chosen(listing, None, Some(0)).len(), 5);
     }
 }

@@ -38,7 +38,7 @@ use jobs::{failed_result, JobTable, Phase, ReadyFd};
 use lookup::{Answer, LookupTable};
 
 pub use events::{KvEvent, EVENT_MEDIUM};
-pub use eviction::EvictionReport;
+pub use eviction::{choose_evictions, EvictionCandidate, EvictionReason, EvictionReport};
 pub use jobs::{JobKind, JobResult, KeyBatch, MAX_KEYS_PER_JOB};
 pub use lookup::LookupResult;
 pub use stats::{StatsField, StatsSnapshot, STATS_FIELDS};

@@ -96,6 +96,25 @@ pub(crate) struct ReadBlock {
     pub(crate) computed: Option<u32>,
 }
 
+/// What [`Store::check_object`] read: an object's length and checksums, as a load sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectCheck {
+    /// Bytes read.
+    pub bytes: u64,
+    /// The checksum recorded with the object (object metadata, or the local store's
+    /// extended attribute), if any.
+    pub recorded: Option<u32>,
+    /// The checksum of the bytes read.
+    pub computed: u32,
+}
+
+impl ObjectCheck {
+    /// Whether the bytes read disagree with the recorded checksum.
+    pub fn checksum_mismatch(&self) -> bool {
+        self.recorded.is_some_and(|r| r != self.computed)
+    }
+}
+
 /// Counters of the direct HTTP path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct DirectCounts {
@@ -389,6 +408,72 @@ impl Store {
         }
     }
 
+    /// Writes `body` at `path` as a store job does (overwriting), its checksum recorded
+    /// beside it where a load looks for it: for tools that check a store end to end.
+    pub async fn put_block(&self, path: &Path, body: Bytes) -> Result<()> {
+        let crc = integrity::checksum(&body);
+        self.write_block(path, body, Some(crc), false)
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads the object at `path` whole through the store client, checksumming its bytes
+    /// as they arrive, with the checksum recorded beside it, where a load finds it. A
+    /// missing object fails with [`Status::NotFound`].
+    pub async fn check_object(&self, path: &Path) -> Result<ObjectCheck> {
+        /// Bytes read from a local file at a time.
+        const FILE_PIECE: usize = 1 << 20;
+        let got = self
+            .client
+            .get_opts(path, GetOptions::default())
+            .await
+            .map_err(|e| op_error("verify", path, &e))?;
+        match got.payload {
+            GetResultPayload::File(file, _) => {
+                let read = tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::FileExt;
+                    let recorded = integrity::file_checksum(&file);
+                    let mut piece = vec![0u8; FILE_PIECE];
+                    let (mut bytes, mut computed) = (0u64, 0u32);
+                    loop {
+                        match file.read_at(&mut piece, bytes) {
+                            Ok(0) => break,
+                            Ok(n) => {
+                                computed = integrity::checksum_append(computed, &piece[..n]);
+                                bytes += n as u64;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(ObjectCheck {
+                        bytes,
+                        recorded,
+                        computed,
+                    })
+                })
+                .await
+                .map_err(|e| Error::join(&format!("verify {path}"), &e))?;
+                read.map_err(|e| Error::new(Status::Io, format!("verify {path}: {e}")))
+            }
+            GetResultPayload::Stream(mut stream) => {
+                use futures::StreamExt;
+                let recorded = integrity::recorded_checksum(&got.attributes);
+                let (mut bytes, mut computed) = (0u64, 0u32);
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| op_error("verify", path, &e))?;
+                    computed = integrity::checksum_append(computed, &chunk);
+                    bytes += chunk.len() as u64;
+                }
+                Ok(ObjectCheck {
+                    bytes,
+                    recorded,
+                    computed,
+                })
+            }
+        }
+    }
+
     /// Deletes the object at `path`.
     pub(crate) async fn delete(&self, path: &Path) -> Result<()> {
         if let Backend::Local { files } = &self.backend {
@@ -412,7 +497,7 @@ impl Store {
 
     /// Whether the store refuses a second create of one object (conditional PUT), asked
     /// with an object named after `probe_name`.
-    pub(crate) async fn honours_conditional_put(&self, probe_name: &str) -> bool {
+    pub async fn honours_conditional_put(&self, probe_name: &str) -> bool {
         probe::honours_conditional_put(self, probe_name).await
     }
 }

@@ -1,9 +1,13 @@
 //! Option groups and helpers shared by the subcommands: each subcommand flattens the
 //! groups it needs (`#[command(flatten)]`) instead of declaring the options again.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use kvtier::store::Store;
+use kvtier::TierConfig;
 
 /// Output format: `--json`.
 #[derive(Args, Debug, Clone, Default)]
@@ -44,6 +48,77 @@ impl StoreArgs {
 
     pub fn json(&self) -> bool {
         self.output.json
+    }
+
+    /// The tier configuration, which the operator subcommands need: `--config` or
+    /// `--config-file`, parsed and checked as `kvt_tier_new` does.
+    pub fn tier_config(&self) -> Result<TierConfig, Failure> {
+        let text = self.config_text()?.ok_or_else(|| {
+            Failure::usage("a store is needed: pass --config JSON or --config-file PATH")
+        })?;
+        TierConfig::from_json(&text).map_err(|e| Failure::usage(e.message))
+    }
+}
+
+/// A small I/O runtime for one subcommand run: two workers, timers and sockets.
+pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("kvtier-cli")
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(format!("cannot start the I/O runtime: {e}")))
+}
+
+/// Opens the configuration's store; call it inside the runtime that will use it.
+pub fn open_store(config: &TierConfig) -> Result<Store, Failure> {
+    Store::open(&config.store).map_err(|e| Failure::run(e.message))
+}
+
+/// A counter line on stderr for long runs: printed at most every two seconds, and only
+/// once the run has taken that long, so short runs stay quiet.
+pub struct Progress {
+    label: &'static str,
+    started: Instant,
+    last: Instant,
+    printed: bool,
+    terminal: bool,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(2);
+
+    pub fn new(label: &'static str) -> Self {
+        let now = Instant::now();
+        Progress {
+            label,
+            started: now,
+            last: now,
+            printed: false,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Reports `what` (e.g. "deleted 1200 of 5000 objects") if it is time to.
+    pub fn tick(&mut self, what: impl FnOnce() -> String) {
+        if self.last.elapsed() < Self::EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        self.printed = true;
+        let secs = self.started.elapsed().as_secs();
+        if self.terminal {
+            eprint!("\r\x1b[2Kkvtier {}: {} ({secs} s)", self.label, what());
+        } else {
+            eprintln!("kvtier {}: {} ({secs} s)", self.label, what());
+        }
+    }
+
+    /// Ends the counter line (on a terminal, it is overwritten in place).
+    pub fn finish(&self) {
+        if self.printed && self.terminal {
+            eprintln!();
+        }
     }
 }
 

@@ -4,7 +4,13 @@
 mod bench;
 mod common;
 mod completions;
+mod du;
+mod gc;
+mod ls;
 mod namespace;
+mod objects;
+mod probe;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +35,33 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Bench(bench::BenchArgs),
 
+    /// Check a store as a starting tier would: one line per check, OK or FAIL with the fix
+    ///
+    /// Checks the endpoint, TLS, credentials and bucket (the library's start-up probe),
+    /// what a missing key answers (404, or 403 without s3:ListBucket), put/get/delete of
+    /// a small object under the probe prefix, conditional PUT, checksum metadata, and the
+    /// latency of small requests. Exits 1 when a tier would not start with this
+    /// configuration.
+    #[command(verbatim_doc_comment)]
+    Probe(probe::ProbeArgs),
+
+    /// List the namespaces under a prefix: objects, bytes, oldest and newest, and totals
+    Ls(ls::LsArgs),
+
+    /// Show the space the namespaces under a prefix take, and the total
+    Du(du::DuArgs),
+
+    /// Delete objects by age and/or down to a byte budget, oldest first
+    ///
+    /// Works on a namespace (--namespace), everything under a prefix (--prefix), or by
+    /// default the configuration's prefix and namespace. Safe while engines serve: a load
+    /// of a deleted key fails alone (not found) and its lookups turn MISS.
+    #[command(verbatim_doc_comment)]
+    Gc(gc::GcArgs),
+
+    /// Read objects and check their length and recorded checksum; report the corrupt ones
+    Verify(verify::VerifyArgs),
+
     /// Print vLLM's namespace string for a field set, as kvt_vllm_namespace does
     ///
     /// The namespace is <model_name with / replaced by _>_<first 12 hex digits of the
@@ -52,6 +85,11 @@ impl Command {
     fn name(&self) -> &'static str {
         match self {
             Command::Bench(_) => "bench",
+            Command::Probe(_) => "probe",
+            Command::Ls(_) => "ls",
+            Command::Du(_) => "du",
+            Command::Gc(_) => "gc",
+            Command::Verify(_) => "verify",
             Command::Namespace(_) => "namespace",
             Command::Completions(_) => "completions",
             Command::Version => "version",
@@ -64,6 +102,11 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<(), Failure> = match &cli.command {
         Command::Bench(args) => bench::run(args),
+        Command::Probe(args) => probe::run(args),
+        Command::Ls(args) => ls::run(args),
+        Command::Du(args) => du::run(args),
+        Command::Gc(args) => gc::run(args),
+        Command::Verify(args) => verify::run(args),
         Command::Namespace(args) => namespace::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Version => {
