@@ -410,7 +410,7 @@ async fn put_get_delete(store: &Store, probe_name: &str, run: bool) -> Outcome {
     match deleted {
         Ok(()) => Ok(format!("wrote, read back and deleted a {}-byte object ({name})", body.len())),
         Err(e) => problem(format!(
-            "DELETE {name} failed: {} — the object stays; gc and on_corrupt \"fail_and_delete\" need s3:DeleteObject",
+            "DELETE {name} failed: {} — the object stays; gc, eviction and on_corrupt \"fail_and_delete\" need s3:DeleteObject, granted on the bucket itself (arn:aws:s3:::BUCKET) as well as on its objects where the server checks multi-object deletes (POST ?delete) on the bucket, as Ceph RGW does",
             error_chain(&e)
         )),
     }
