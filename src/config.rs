@@ -133,6 +133,17 @@ pub enum DedupMode {
     Off,
 }
 
+impl DedupMode {
+    /// The configuration's name of the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            DedupMode::Conditional => "conditional",
+            DedupMode::SkipKnown => "skip_known",
+            DedupMode::Off => "off",
+        }
+    }
+}
+
 fn default_key_bytes() -> usize {
     DEFAULT_KEY_BYTES
 }

@@ -118,6 +118,13 @@ fn bench_json_on_the_default_local_store_verifies_every_block() {
     assert_eq!(report["checksums"], true);
     assert_eq!(report["verified_blocks"], 8);
     assert_eq!(report["corrupt_blocks"], 0);
+    // The local store refuses a second create (rename without replace): conditional dedup;
+    // one round of fresh keys skips none, and there is no direct HTTP path.
+    assert_eq!(report["dedup_mode"], "conditional");
+    assert_eq!(report["dedup_known"], 0);
+    assert_eq!(report["dedup_already_stored"], 0);
+    assert_eq!(report["direct_requests"], 0);
+    assert_eq!(report["direct_fallbacks"], 0);
     let phases: Vec<&str> = report["phases"]
         .as_array()
         .expect("phases is an array")
@@ -165,6 +172,12 @@ fn bench_text_table() {
     assert!(!text.contains("\n  exists "), "{text}");
     assert!(
         text.contains("verified: 8 of 8 blocks byte-exact after the round trip"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("  dedup: ")
+                && l.ends_with("direct path: 0 requests, 0 fallbacks")),
         "{text}"
     );
 }

@@ -221,6 +221,12 @@ impl Tier {
         &self.shared.store
     }
 
+    /// The dedup mode in force: the configured one, or `SkipKnown` where the start-up
+    /// probe found that the store does not honour conditional PUT.
+    pub fn dedup_mode(&self) -> crate::config::DedupMode {
+        self.shared.dedup.mode
+    }
+
     /// Whether start-up found that missing keys answer 403 (no ListBucket permission).
     pub fn missing_keys_are_forbidden(&self) -> bool {
         self.shared.probe == ProbeOutcome::ReadyWithoutList

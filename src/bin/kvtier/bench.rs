@@ -550,6 +550,9 @@ fn print_report(
                 "rss_kib_after_first_round": soak.resident_after_first_round, "rss_kib_end": soak.resident_end,
                 "latency_samples_kib": soak.samples_kib,
                 "corrupt_blocks": stats.corrupt_blocks, "existence_checks": stats.existence_checks,
+                "dedup_mode": tier.dedup_mode().name(), "dedup_known": stats.dedup_known,
+                "dedup_joined": stats.dedup_joined, "dedup_already_stored": stats.dedup_already_stored,
+                "direct_requests": stats.direct_requests, "direct_fallbacks": stats.direct_fallbacks,
                 "checksum_cpu_s_per_gib_cold": checksum_cpu_per_gib.0,
                 "checksum_cpu_s_per_gib_in_cache": checksum_cpu_per_gib.1,
             })
@@ -624,6 +627,15 @@ fn print_report(
         if o.checksums { "" } else { ", off in this run" },
         checksum_cpu_per_gib.0,
         checksum_cpu_per_gib.1
+    );
+    println!(
+        "  dedup: {} (known {}, joined {}, already stored {}); direct path: {} requests, {} fallbacks",
+        tier.dedup_mode().name(),
+        stats.dedup_known,
+        stats.dedup_joined,
+        stats.dedup_already_stored,
+        stats.direct_requests,
+        stats.direct_fallbacks
     );
     if verified > 0 {
         println!("  verified: {verified} of {verified} blocks byte-exact after the round trip");
