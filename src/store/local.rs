@@ -142,22 +142,43 @@ impl LocalFiles {
     }
 
     /// Creates `dir` (and its parents) unless this store already did.
+    ///
+    /// Top-down from the nearest directory known to exist: a new key's two layout
+    /// directories cost two `mkdir`s, not the three of `create_dir_all` (which tries the
+    /// deepest first and fails with ENOENT). `known_missing`: `dir` was removed under the
+    /// cache (by `kvtier gc`, or by hand), so no cached ancestor is trusted either.
     fn ensure_dir(&self, dir: &FsPath, known_missing: bool) -> io::Result<()> {
-        if !known_missing
-            && self
-                .made_dirs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(dir)
-        {
+        let missing: Vec<&FsPath> = {
+            let made = self.made_dirs.lock().unwrap_or_else(|p| p.into_inner());
+            dir.ancestors()
+                .take_while(|d| *d != self.root && (known_missing || !made.contains(*d)))
+                .collect()
+        };
+        if missing.is_empty() {
             return Ok(());
         }
-        std::fs::create_dir_all(dir)?;
+        let created = if known_missing {
+            std::fs::create_dir_all(dir)
+        } else {
+            missing
+                .iter()
+                .rev()
+                .try_for_each(|d| match std::fs::create_dir(d) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => Ok(()),
+                    other => other,
+                })
+        };
+        match created {
+            Ok(()) => {}
+            // A cached ancestor was removed: create the whole chain.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::create_dir_all(dir)?,
+            Err(e) => return Err(e),
+        }
         let mut made = self.made_dirs.lock().unwrap_or_else(|p| p.into_inner());
-        if made.len() >= MAX_REMEMBERED_DIRS {
+        if made.len() + missing.len() > MAX_REMEMBERED_DIRS {
             made.clear();
         }
-        made.insert(dir.to_path_buf());
+        made.extend(missing.iter().map(|d| d.to_path_buf()));
         Ok(())
     }
 
@@ -469,6 +490,18 @@ mod tests {
         std::fs::remove_dir_all(dir.path().join("d")).unwrap();
         f.write("d/e/two", b"2", None, false).unwrap();
         assert_eq!(std::fs::read(dir.path().join("d/e/two")).unwrap(), b"2");
+        // A new directory under a cached parent that was removed: made top-down first,
+        // which finds the parent gone, then the whole chain.
+        std::fs::remove_dir_all(dir.path().join("d")).unwrap();
+        f.write("d/f/three", b"3", None, false).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("d/f/three")).unwrap(), b"3");
+        // A file where a layout directory should be fails the store, never overwrites it.
+        std::fs::write(dir.path().join("g"), b"not a directory").unwrap();
+        assert!(f.write("g/h/four", b"4", None, false).is_err());
+        assert_eq!(
+            std::fs::read(dir.path().join("g")).unwrap(),
+            b"not a directory"
+        );
     }
 
     fn walk(dir: &FsPath) -> Vec<String> {
