@@ -3,7 +3,7 @@
 //! Rooms, with data flowing one way (caller → engine → store):
 //! * [`Tier`] and the rest of `engine`: job table, transfers, dedup, lookups, events, stats;
 //! * [`store`]: the store clients (local, memory, S3, Azure Blob, GCS) and the direct HTTP path;
-//! * `integrity`: block checksums; [`key`]: key layout and object names; [`config`];
+//! * `integrity`: block checksums; `redact`: credentials kept out of messages; [`key`]: key layout and object names; [`config`];
 //!   [`namespace`]: vLLM's namespace string; `pool`: the caller's host pool;
 //! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -17,6 +17,7 @@ pub mod key;
 mod logs;
 pub mod namespace;
 mod pool;
+mod redact;
 pub mod store;
 
 pub use config::TierConfig;

@@ -116,7 +116,7 @@ impl log::Log for Router {
         if record.level() > sink.max_level {
             return;
         }
-        let text = redact_url_secrets(&record.args().to_string());
+        let text = crate::redact::in_text(&record.args().to_string());
         let message = CString::new(text.replace('\0', " ")).unwrap_or_default();
         let target = CString::new(record.target().replace('\0', " ")).unwrap_or_default();
         IN_CALLBACK.with(|f| f.set(true));
@@ -166,71 +166,4 @@ pub(crate) fn set_callback(callback: LogCallback, userdata: *mut c_void, max_lev
             .build()
             .filter();
     log::set_max_level(sink.map_or(stderr_level, |s| s.max_level));
-}
-
-/// Credentials that travel in URLs (pre-signed S3 queries, Azure SAS tokens) replaced
-/// with `***` in a message: a dependency's record may quote a request's URL.
-pub(crate) fn redact_url_secrets(text: &str) -> String {
-    const SECRET_PARAMS: &[&str] = &[
-        "sig=",
-        "x-amz-signature=",
-        "x-amz-security-token=",
-        "x-amz-credential=",
-        "access_token=",
-        "token=",
-    ];
-    let lower = text.to_ascii_lowercase();
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    while i < text.len() {
-        let boundary =
-            i == 0 || matches!(text.as_bytes()[i - 1], b'?' | b'&' | b' ' | b'"' | b'\'');
-        let at_param = if boundary {
-            SECRET_PARAMS.iter().find(|p| lower[i..].starts_with(**p))
-        } else {
-            None
-        };
-        match at_param {
-            Some(param) => {
-                out.push_str(&text[i..i + param.len()]);
-                out.push_str("***");
-                i += param.len();
-                while i < text.len()
-                    && !matches!(text.as_bytes()[i], b'&' | b' ' | b'"' | b'\'' | b')' | b'>')
-                {
-                    i += 1;
-                }
-            }
-            None => {
-                let c = text[i..].chars().next().expect("i is on a char boundary");
-                out.push(c);
-                i += c.len_utf8();
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn url_credentials_are_redacted() {
-        let url = "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=abc%2Fdef&se=1 failed";
-        assert_eq!(
-            redact_url_secrets(url),
-            "GET https://a.blob.core.windows.net/c/k?sv=2023&sig=***&se=1 failed"
-        );
-        let s3 = "url http://h/b/k?X-Amz-Credential=AKID%2F1&X-Amz-Signature=f00d";
-        assert_eq!(
-            redact_url_secrets(s3),
-            "url http://h/b/k?X-Amz-Credential=***&X-Amz-Signature=***"
-        );
-        assert_eq!(
-            redact_url_secrets("design=1 modèle"),
-            "design=1 modèle",
-            "only whole parameter names"
-        );
-    }
 }

@@ -1,6 +1,7 @@
 //! The credential chain against s3s-fs, which checks every signature: explicit keys, then
 //! the AWS environment variables, then the shared credentials/config files selected by
-//! `AWS_PROFILE`. Also: secrets never reach errors, `Debug` output or the log.
+//! `AWS_PROFILE` (static keys, `credential_process`, assume-role through a real STS, moto's).
+//! Also: secrets never reach errors, `Debug` output or the log.
 //!
 //! These tests change process-wide environment variables, so they live in their own test
 //! binary and take one lock each. `AWS_EC2_METADATA_DISABLED=true` is set throughout so
@@ -14,6 +15,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use kvtier::{JobKind, Status, Tier};
 use serde_json::{json, Value};
+use support::proxy::Proxy;
 use support::*;
 
 const BLOCK: usize = 16 * 1024;
@@ -38,6 +40,7 @@ const AWS_VARS: &[&str] = &[
     "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
     "AWS_ENDPOINT",
     "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_STS",
     "HOME",
 ];
 
@@ -333,6 +336,127 @@ fn shared_files_and_aws_profile() {
             .expect("sso profile");
         assert_eq!(e.status, Status::Auth, "{}", e.message);
         assert!(e.message.contains("sso_session"), "{}", e.message);
+    }
+}
+
+/// An executable that prints `credential_process` output with these keys.
+fn credential_process(dir: &Path, name: &str, access_key: &str, secret: &str) -> String {
+    let script = dir.join(name);
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf '%s' '{{\"Version\": 1, \"AccessKeyId\": \"{access_key}\", \"SecretAccessKey\": \"{secret}\"}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script.display().to_string()
+}
+
+#[test]
+fn credential_process_profiles() {
+    // s3s-fs checks every signature, so a round trip proves the process's keys were used.
+    let srv = Server::s3s_fs();
+    let home = tempfile::tempdir().unwrap();
+    let right = credential_process(home.path(), "right.sh", ACCESS_KEY, SECRET_KEY);
+    let wrong = credential_process(home.path(), "wrong.sh", ACCESS_KEY, WRONG_SECRET);
+    let aws = home.path().join(".aws");
+    std::fs::create_dir_all(&aws).unwrap();
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[profile right]\ncredential_process = {right}\n[profile wrong]\ncredential_process = {wrong}\n\
+             [profile failing]\ncredential_process = /bin/false\n"
+        ),
+    )
+    .unwrap();
+    {
+        let _env = Env::with(&[("AWS_PROFILE", "right")], home.path());
+        round_trip(&start_ok(&srv, keyless(&srv, &srv.new_bucket())));
+    }
+    {
+        let _env = Env::with(&[("AWS_PROFILE", "wrong")], home.path());
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("the process's wrong secret must fail");
+        assert_eq!(e.status, Status::Auth, "{}", e.message);
+        assert!(
+            e.message.contains("profile [wrong] (credential_process)"),
+            "{}",
+            e.message
+        );
+        assert_clean("the error", &e.message);
+    }
+    {
+        let _env = Env::with(&[("AWS_PROFILE", "failing")], home.path());
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("a failing process must fail the start");
+        assert_eq!(e.status, Status::Auth, "{}", e.message);
+        assert!(
+            e.message
+                .contains("profile [failing] (credential_process) of")
+                && e.message.contains("could not be resolved"),
+            "{}",
+            e.message
+        );
+    }
+}
+
+#[test]
+fn assume_role_profile_through_sts() {
+    // moto serves STS beside S3: the profile's role is assumed with the source profile's
+    // keys (AssumeRole counted at a relay in front of the STS endpoint), and the store is
+    // used with the temporary credentials.
+    let srv = Server::moto();
+    let sts = Proxy::start(srv.port());
+    let home = tempfile::tempdir().unwrap();
+    let aws = home.path().join(".aws");
+    std::fs::create_dir_all(&aws).unwrap();
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[profile base]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n\
+             [profile role]\nrole_arn = arn:aws:iam::123456789012:role/kv-cache\nsource_profile = base\n\
+             role_session_name = kvtier-test\nregion = us-east-1\n"
+        ),
+    )
+    .unwrap();
+    let sts_endpoint = format!("http://{}", sts.endpoint());
+    {
+        let _env = Env::with(
+            &[
+                ("AWS_PROFILE", "role"),
+                ("AWS_ENDPOINT_URL_STS", &sts_endpoint),
+            ],
+            home.path(),
+        );
+        let tier = start_ok(&srv, keyless(&srv, &srv.new_bucket()));
+        round_trip(&tier);
+        let posts = sts.stats().by_method.get("POST").copied().unwrap_or(0);
+        assert!(
+            posts >= 1,
+            "no AssumeRole request reached STS: {:?}",
+            sts.stats()
+        );
+    }
+    {
+        // STS unreachable: the start fails naming the profile and its kind.
+        let closed = format!("http://127.0.0.1:{}", free_port());
+        let _env = Env::with(
+            &[("AWS_PROFILE", "role"), ("AWS_ENDPOINT_URL_STS", &closed)],
+            home.path(),
+        );
+        let e = start(keyless(&srv, &srv.new_bucket()))
+            .err()
+            .expect("no STS, no credentials");
+        assert_eq!(e.status, Status::Auth, "{}", e.message);
+        assert!(
+            e.message.contains("profile [role] (role_arn)"),
+            "{}",
+            e.message
+        );
+        assert_clean("the error", &e.message);
     }
 }
 

@@ -56,7 +56,7 @@ impl Rig {
 /// A deterministic "1 in n" choice by request number (a hash of it, so faults spread).
 fn one_in(n: u64, salt: u64) -> impl Fn(&RequestInfo) -> bool {
     move |r: &RequestInfo| {
-        r.seq > 0 && ((r.seq ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % n == 0
+        r.seq > 0 && ((r.seq ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32).is_multiple_of(n)
     }
 }
 

@@ -31,7 +31,7 @@ pub struct KeyBatch {
 impl KeyBatch {
     /// `bytes` holds `bytes.len() / key_len` keys of `key_len` bytes each.
     pub fn new(bytes: &[u8], key_len: usize) -> Result<Self> {
-        if key_len == 0 || bytes.len() % key_len != 0 {
+        if key_len == 0 || !bytes.len().is_multiple_of(key_len) {
             return Err(Error::invalid(format!(
                 "{} key bytes do not divide into keys of {key_len} bytes",
                 bytes.len()

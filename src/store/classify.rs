@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use object_store::path::Path;
 
-use super::credentials::scrub;
 use super::DynStore;
 use crate::error::{Error, Status};
 
@@ -215,7 +214,7 @@ fn retry_backoff(attempt: usize) -> Duration {
     Duration::from_millis(ceiling / 2 + jitter)
 }
 
-/// The error and all its sources as one line, with every known credential removed.
+/// The error and all its sources as one line, with the credentials of any URL in it removed.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -229,7 +228,7 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     }
     // Error bodies may span lines; a message is one line.
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    scrub(&text)
+    crate::redact::in_text(&text)
 }
 
 #[cfg(test)]

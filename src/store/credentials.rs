@@ -1,65 +1,37 @@
-//! The S3 credential chain: explicit keys, then the AWS environment variables, then the
-//! shared credentials/config files with `AWS_PROFILE`, then web identity, ECS/EKS and
-//! instance metadata through `object_store`. Secrets are registered for redaction as soon
-//! as they are read, so no message built by [`super::classify::error_chain`] can carry them.
+//! The S3 credential chain, in the AWS SDKs' order. kvtier decides which source applies (so
+//! that errors can name it); maintained code reads and resolves each one:
+//! 1. `store.access_key`/`store.secret_key` (and `store.session_token`) in the configuration;
+//! 2. `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`), read by
+//!    `object_store`'s `AmazonS3Builder::from_env`;
+//! 3. the profile named by `AWS_PROFILE` (else `default`) of the shared config and
+//!    credentials files, parsed and resolved by `aws-config`, the AWS SDK's own
+//!    implementation: static keys, assume-role (`role_arn` with `source_profile` or
+//!    `credential_source`), `credential_process`, IAM Identity Center (`sso_session` or the
+//!    legacy `sso_*` keys, from the SSO token cache) and `web_identity_token_file`;
+//! 4. web identity (`AWS_ROLE_ARN` + `AWS_WEB_IDENTITY_TOKEN_FILE`), the ECS/EKS container
+//!    endpoints and the EC2 instance metadata service, resolved by `object_store` at
+//!    request time.
+//!
+//! Secrets never reach a message: configured ones are [`Secret`]s, credentials from a
+//! provider stay inside `object_store`'s signer, and dependency errors pass through
+//! [`crate::redact`].
 
-use std::collections::HashMap;
 use std::path::{Path as FsPath, PathBuf};
-use std::sync::{OnceLock, RwLock};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use crate::config::{S3Config, Secret};
+use aws_config::profile::ProfileFileCredentialsProvider;
+use aws_config::provider_config::ProviderConfig;
+use aws_credential_types::provider::error::CredentialsError;
+use aws_credential_types::provider::ProvideCredentials;
+use aws_runtime::env_config::file::{EnvConfigFileKind, EnvConfigFiles};
+use aws_types::os_shim_internal::{Env as AwsEnv, Fs as AwsFs};
+use object_store::aws::{AwsCredential, AwsCredentialProvider};
+use object_store::{CredentialProvider, StaticCredentialProvider};
+
+use super::classify::error_chain;
+use crate::config::S3Config;
 use crate::error::{Error, Result, Status};
-
-// ------------------------------------------------------------------------------------
-// Secrets and redaction
-
-fn secret_registry() -> &'static RwLock<Vec<String>> {
-    static SECRETS: OnceLock<RwLock<Vec<String>>> = OnceLock::new();
-    SECRETS.get_or_init(Default::default)
-}
-
-/// Shortest value treated as a secret by [`scrub`]: replacing one- to three-character
-/// strings everywhere would mangle messages without protecting anything.
-const MIN_SCRUBBED_LEN: usize = 4;
-
-/// Remembers a credential so that [`scrub`] removes it from every message of the process.
-pub fn register_secret(value: &str) {
-    if value.len() < MIN_SCRUBBED_LEN {
-        return;
-    }
-    let mut secrets = secret_registry().write().unwrap_or_else(|p| p.into_inner());
-    if !secrets.iter().any(|s| s == value) {
-        secrets.push(value.to_string());
-        // Longest first, so a secret that contains another is removed whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    }
-}
-
-/// Replaces every credential this process has read with `***`.
-pub fn scrub(message: &str) -> String {
-    let secrets = secret_registry().read().unwrap_or_else(|p| p.into_inner());
-    let mut out = message.to_string();
-    for secret in secrets.iter() {
-        if out.contains(secret.as_str()) {
-            out = out.replace(secret.as_str(), "***");
-        }
-    }
-    out
-}
-
-/// Removes any configured secret from a message produced by a dependency.
-pub fn redact(message: &str, s3: &S3Config) -> String {
-    let mut out = message.to_string();
-    for secret in [&s3.access_key, &s3.secret_key, &s3.session_token] {
-        if !secret.is_empty() {
-            out = out.replace(secret.expose(), "***");
-        }
-    }
-    scrub(&out)
-}
-
-// ------------------------------------------------------------------------------------
-// Credentials
 
 /// Where the credentials of an S3 store come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,8 +40,13 @@ pub enum CredentialSource {
     Config,
     /// `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`).
     Environment,
-    /// A profile of the shared credentials or config file.
-    Profile { profile: String, file: PathBuf },
+    /// A profile of the shared credentials or config file; `kind` names the profile key
+    /// that says how its credentials are obtained (`aws_access_key_id`, `role_arn`, ...).
+    Profile {
+        profile: String,
+        kind: &'static str,
+        files: Vec<PathBuf>,
+    },
     /// Resolved at request time by `object_store`: web identity (IRSA), ECS, EKS pod
     /// identity, or the EC2 instance metadata service.
     Provider(&'static str),
@@ -82,121 +59,84 @@ impl std::fmt::Display for CredentialSource {
             CredentialSource::Environment => {
                 f.write_str("the AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY environment variables")
             }
-            CredentialSource::Profile { profile, file } => {
-                write!(f, "profile [{profile}] of {}", file.display())
-            }
+            CredentialSource::Profile {
+                profile,
+                kind,
+                files,
+            } => write!(
+                f,
+                "profile [{profile}] ({kind}) of {}",
+                describe_files(files)
+            ),
             CredentialSource::Provider(p) => f.write_str(p),
         }
     }
 }
 
-/// Static credentials found by the chain. `Debug` never shows the secret parts.
-#[derive(Clone)]
-pub struct StaticCredentials {
-    pub access_key: String,
-    pub secret_key: Secret,
-    pub session_token: Secret,
-}
-
-impl std::fmt::Debug for StaticCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StaticCredentials")
-            .field("access_key", &"***")
-            .field("secret_key", &self.secret_key)
-            .field("session_token", &self.session_token)
-            .finish()
-    }
-}
-
 /// The outcome of the credential chain.
-#[derive(Debug, Clone)]
-pub struct ResolvedCredentials {
-    /// `None` when `object_store` resolves them itself (web identity, ECS, IMDS).
-    pub credentials: Option<StaticCredentials>,
-    pub source: CredentialSource,
-    /// Region named by the selected profile in the config file, if any.
-    pub profile_region: Option<String>,
+#[derive(Debug)]
+pub(crate) struct ResolvedCredentials {
+    /// `None` when `object_store` reads them itself (step 2) or resolves them at request
+    /// time (step 4).
+    pub(crate) provider: Option<AwsCredentialProvider>,
+    pub(crate) source: CredentialSource,
+    /// Region named by the selected profile, if any.
+    pub(crate) profile_region: Option<String>,
 }
 
-/// Profile keys that describe credentials kvtier cannot obtain itself.
-const UNSUPPORTED_PROFILE_KEYS: &[&str] = &[
+/// Profile keys that say how a profile's credentials are obtained, most specific first:
+/// the first one present names the profile's kind in messages.
+const PROFILE_CREDENTIAL_KEYS: &[&str] = &[
     "role_arn",
     "credential_process",
     "sso_session",
     "sso_start_url",
-    "sso_account_id",
     "web_identity_token_file",
+    "aws_access_key_id",
+    "aws_secret_access_key",
 ];
 
 /// Walks the credential chain. `env` looks up an environment variable (the process
-/// environment in production; a map in unit tests).
-pub fn resolve_credentials(
+/// environment in production; a map in unit tests). A profile's credentials are resolved
+/// once here, so that a broken profile fails the tier's start with its own reason.
+pub(crate) fn resolve_credentials(
     s3: &S3Config,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ResolvedCredentials> {
     let var = |name: &str| env(name).filter(|v| !v.is_empty());
-    // Every credential in sight is registered before any error can be built.
-    for name in [
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_SECURITY_TOKEN",
-    ] {
-        if let Some(value) = var(name) {
-            register_secret(&value);
-        }
-    }
-    for secret in [&s3.access_key, &s3.secret_key, &s3.session_token] {
-        register_secret(secret.expose());
-    }
-
-    let profile_name = var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE"));
-    let home = var("HOME");
-    let credentials_file = var("AWS_SHARED_CREDENTIALS_FILE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            home.as_ref()
-                .map(|h| FsPath::new(h).join(".aws/credentials"))
-        });
-    let config_file = var("AWS_CONFIG_FILE")
-        .map(PathBuf::from)
-        .or_else(|| home.as_ref().map(|h| FsPath::new(h).join(".aws/config")));
-    // An unreadable file matters only if the chain gets to the files (step 3).
-    let profiles = ProfileFiles::read(credentials_file.as_deref(), config_file.as_deref());
-    let selected = profile_name
-        .clone()
-        .unwrap_or_else(|| "default".to_string());
-    let profile = profiles.profile(&selected);
-    let profile_region = profile.as_ref().and_then(|p| p.get("region").cloned());
+    let files = ProfileFiles::locate(&var);
+    let selected = var("AWS_PROFILE");
+    let profile_name = selected.clone().unwrap_or_else(|| "default".to_string());
+    // The profile's region applies whichever step supplies the keys.
+    let profile = files.load(&profile_name);
+    let profile_region = profile
+        .as_ref()
+        .ok()
+        .and_then(|p| p.as_ref())
+        .and_then(|p| p.region.clone());
 
     // 1. Explicit keys in the configuration replace the whole chain.
     if !s3.access_key.is_empty() {
+        let credential = AwsCredential {
+            key_id: s3.access_key.expose().to_string(),
+            secret_key: s3.secret_key.expose().to_string(),
+            token: (!s3.session_token.is_empty()).then(|| s3.session_token.expose().to_string()),
+        };
         return Ok(ResolvedCredentials {
-            credentials: Some(StaticCredentials {
-                access_key: s3.access_key.expose().to_string(),
-                secret_key: s3.secret_key.clone(),
-                session_token: s3.session_token.clone(),
-            }),
+            provider: Some(Arc::new(StaticCredentialProvider::new(credential))),
             source: CredentialSource::Config,
             profile_region,
         });
     }
 
-    // 2. Environment variables.
+    // 2. Environment variables, read by object_store's builder.
     match (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
-        (Some(access_key), Some(secret_key)) => {
-            let token = var("AWS_SESSION_TOKEN")
-                .or_else(|| var("AWS_SECURITY_TOKEN"))
-                .unwrap_or_default();
+        (Some(_), Some(_)) => {
             return Ok(ResolvedCredentials {
-                credentials: Some(StaticCredentials {
-                    access_key,
-                    secret_key: Secret::new(secret_key),
-                    session_token: Secret::new(token),
-                }),
+                provider: None,
                 source: CredentialSource::Environment,
                 profile_region,
-            });
+            })
         }
         (Some(_), None) => {
             return Err(Error::new(
@@ -213,76 +153,74 @@ pub fn resolve_credentials(
         (None, None) => {}
     }
 
-    // 3. Shared credentials and config files.
-    let web_identity =
-        var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() && var("AWS_ROLE_ARN").is_some();
-    let container = var("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some()
-        || (var("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some()
-            && var("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").is_some());
-    if let Some(e) = &profiles.error {
-        return Err(e.clone());
-    }
-    if let Some(profile) = &profile {
-        match (profile.get("aws_access_key_id"), profile.get("aws_secret_access_key")) {
-            (Some(access_key), Some(secret_key)) if !access_key.is_empty() && !secret_key.is_empty() => {
-                let token = profile
-                    .get("aws_session_token")
-                    .or_else(|| profile.get("aws_security_token"))
-                    .cloned()
-                    .unwrap_or_default();
-                return Ok(ResolvedCredentials {
-                    credentials: Some(StaticCredentials {
-                        access_key: access_key.clone(),
-                        secret_key: Secret::new(secret_key.clone()),
-                        session_token: Secret::new(token),
-                    }),
-                    source: CredentialSource::Profile { profile: selected, file: profile.file.clone() },
-                    profile_region,
-                });
-            }
-            (Some(_), _) | (_, Some(_)) => {
-                return Err(Error::new(
-                    Status::Auth,
-                    format!(
-                        "profile [{selected}] of {} has only one of aws_access_key_id and aws_secret_access_key: give both",
-                        profile.file.display()
-                    ),
-                ))
-            }
-            _ => {}
+    // 3. The shared config and credentials files.
+    match profile? {
+        Some(profile) if profile.kind.is_some() => {
+            let kind = profile.kind.unwrap_or("aws_access_key_id");
+            let source = CredentialSource::Profile {
+                profile: profile_name.clone(),
+                kind,
+                files: files.present.clone(),
+            };
+            // STS and SSO requests are signed for a region: the store's, else the profile's.
+            let region = [s3.region.clone()]
+                .into_iter()
+                .chain(
+                    [
+                        var("AWS_REGION"),
+                        var("AWS_DEFAULT_REGION"),
+                        profile_region.clone(),
+                    ]
+                    .into_iter()
+                    .flatten(),
+                )
+                .find(|r| !r.is_empty())
+                .unwrap_or_else(|| "us-east-1".to_string());
+            let provider =
+                ProfileCredentials::resolve(&files, &profile_name, &region).map_err(|e| {
+                    Error::new(
+                        Status::Auth,
+                        format!(
+                            "{source} could not be resolved: {}",
+                            crate::redact::in_text(&e)
+                        ),
+                    )
+                })?;
+            return Ok(ResolvedCredentials {
+                provider: Some(Arc::new(provider)),
+                source,
+                profile_region,
+            });
         }
-        if let Some(key) = UNSUPPORTED_PROFILE_KEYS
-            .iter()
-            .find(|k| profile.get(k).is_some())
-        {
-            let message = format!(
-                "profile [{selected}] of {} uses {key}, which kvtier does not resolve: give the profile static keys, \
-                 export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (e.g. from `aws configure export-credentials`), \
-                 or use web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE)",
-                profile.file.display()
+        Some(_) => {
+            log::debug!(
+                "profile [{profile_name}] of {} holds no credentials; trying the next provider",
+                describe_files(&files.present)
             );
-            if !(web_identity || container) {
-                return Err(Error::new(Status::Auth, message));
-            }
-            log::warn!("{message}; falling back to the next provider");
         }
-    } else if let Some(name) = &profile_name {
-        return Err(Error::new(
-            Status::Auth,
-            format!(
-                "AWS_PROFILE names profile [{name}], which is in neither {} nor {}",
-                describe_file(credentials_file.as_deref()),
-                describe_file(config_file.as_deref()),
-            ),
-        ));
+        None if selected.is_some() => {
+            return Err(Error::new(
+                Status::Auth,
+                format!(
+                    "AWS_PROFILE names profile [{profile_name}], which is in neither {} nor {}",
+                    describe_file(files.credentials.as_deref()),
+                    describe_file(files.config.as_deref()),
+                ),
+            ))
+        }
+        None => {}
     }
 
     // 4. Providers object_store resolves at request time.
+    let web_identity =
+        var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() && var("AWS_ROLE_ARN").is_some();
     let provider = if web_identity {
         "web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE)"
     } else if var("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some() {
         "the ECS container credentials endpoint"
-    } else if container {
+    } else if var("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some()
+        && var("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").is_some()
+    {
         "the EKS pod identity endpoint"
     } else {
         let disabled =
@@ -292,17 +230,17 @@ pub fn resolve_credentials(
                 Status::Auth,
                 format!(
                     "no S3 credentials found: store.access_key/secret_key are empty, AWS_ACCESS_KEY_ID is unset, \
-                     {} and {} have no profile [{selected}] with keys, no web identity or container credentials \
-                     are configured, and AWS_EC2_METADATA_DISABLED forbids the instance metadata service",
-                    describe_file(credentials_file.as_deref()),
-                    describe_file(config_file.as_deref()),
+                     {} and {} have no profile [{profile_name}] with credentials, no web identity or container \
+                     credentials are configured, and AWS_EC2_METADATA_DISABLED forbids the instance metadata service",
+                    describe_file(files.credentials.as_deref()),
+                    describe_file(files.config.as_deref()),
                 ),
             ));
         }
         "the EC2 instance metadata service (no keys in the configuration, environment or profile files)"
     };
     Ok(ResolvedCredentials {
-        credentials: None,
+        provider: None,
         source: CredentialSource::Provider(provider),
         profile_region,
     })
@@ -315,166 +253,229 @@ fn describe_file(file: Option<&FsPath>) -> String {
     }
 }
 
-/// One profile: its keys and the file that defined them (the credentials file wins).
-struct Profile {
-    file: PathBuf,
-    keys: HashMap<String, String>,
+fn describe_files(files: &[PathBuf]) -> String {
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    names.join(" and ")
 }
 
-impl Profile {
-    fn get(&self, key: &str) -> Option<&String> {
-        self.keys.get(key)
-    }
-}
-
-/// Sections of an INI file, each a map of lower-cased keys to values.
-type Sections = HashMap<String, HashMap<String, String>>;
-
-/// The shared credentials file (`[name]` sections) and config file (`[default]` and
-/// `[profile name]` sections).
+/// The shared credentials and config files, located as the AWS SDKs locate them.
 struct ProfileFiles {
-    credentials: Option<(PathBuf, Sections)>,
-    config: Option<(PathBuf, Sections)>,
-    /// A file that exists but could not be read.
-    error: Option<Error>,
+    credentials: Option<PathBuf>,
+    config: Option<PathBuf>,
+    /// The files among those two that exist.
+    present: Vec<PathBuf>,
+}
+
+/// What kvtier needs to know of the selected profile before handing it to `aws-config`.
+struct ProfileSummary {
+    /// The first of [`PROFILE_CREDENTIAL_KEYS`] the profile sets; `None` if it sets none.
+    kind: Option<&'static str>,
+    region: Option<String>,
 }
 
 impl ProfileFiles {
-    fn read(credentials: Option<&FsPath>, config: Option<&FsPath>) -> ProfileFiles {
-        let load = |path: Option<&FsPath>| -> Result<Option<(PathBuf, Sections)>> {
-            let Some(path) = path else { return Ok(None) };
-            match std::fs::read_to_string(path) {
-                Ok(text) => {
-                    let sections = parse_ini(&text);
-                    for keys in sections.values() {
-                        for (k, v) in keys {
-                            if k.contains("secret")
-                                || k.contains("token")
-                                || k == "aws_access_key_id"
-                            {
-                                register_secret(v);
-                            }
-                        }
-                    }
-                    Ok(Some((path.to_path_buf(), sections)))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(Error::new(
-                    Status::Auth,
-                    format!("cannot read AWS profile file {}: {e}", path.display()),
-                )),
-            }
+    fn locate(var: &dyn Fn(&str) -> Option<String>) -> ProfileFiles {
+        let home = var("HOME");
+        let path = |override_var: &str, default: &str| {
+            var(override_var)
+                .map(|p| expand_home(&p, home.as_deref()))
+                .or_else(|| home.as_ref().map(|h| FsPath::new(h).join(default)))
         };
-        let (credentials, config) = (load(credentials), load(config));
-        let error = credentials
-            .as_ref()
-            .err()
-            .or(config.as_ref().err())
-            .cloned();
+        let credentials = path("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
+        let config = path("AWS_CONFIG_FILE", ".aws/config");
+        // A missing file is an empty one, as for the SDKs; one that exists but cannot be
+        // read fails when the chain reaches the files.
+        let present = [&credentials, &config]
+            .into_iter()
+            .flatten()
+            .filter(|p| p.exists())
+            .cloned()
+            .collect();
         ProfileFiles {
-            credentials: credentials.ok().flatten(),
-            config: config.ok().flatten(),
-            error,
+            credentials,
+            config,
+            present,
         }
     }
 
-    fn profile(&self, name: &str) -> Option<Profile> {
-        let from_credentials = self
-            .credentials
-            .as_ref()
-            .and_then(|(f, s)| s.get(name).map(|k| (f, k)));
-        let config_section = if name == "default" {
-            "default".to_string()
-        } else {
-            format!("profile {name}")
-        };
-        let from_config = self.config.as_ref().and_then(|(f, s)| {
-            s.get(&config_section)
-                .or_else(|| {
-                    (name == "default")
-                        .then(|| s.get("profile default"))
-                        .flatten()
-                })
-                .map(|k| (f, k))
-        });
-        match (from_credentials, from_config) {
-            (None, None) => None,
-            (Some((file, keys)), config) => {
-                let mut merged = config.map(|(_, k)| k.clone()).unwrap_or_default();
-                // The credentials file wins for credential keys; the config file keeps the rest.
-                if keys.contains_key("aws_access_key_id")
-                    || keys.contains_key("aws_secret_access_key")
-                {
-                    merged.retain(|k, _| !k.starts_with("aws_"));
-                }
-                merged.extend(keys.iter().map(|(k, v)| (k.clone(), v.clone())));
-                Some(Profile {
-                    file: file.clone(),
-                    keys: merged,
-                })
+    /// `aws-config`'s description of the files: exactly the present ones, so that neither
+    /// the real environment nor a missing file changes what is read.
+    fn aws_files(&self) -> EnvConfigFiles {
+        let mut builder = EnvConfigFiles::builder()
+            .include_default_config_file(false)
+            .include_default_credentials_file(false);
+        for (path, kind) in [
+            (&self.credentials, EnvConfigFileKind::Credentials),
+            (&self.config, EnvConfigFileKind::Config),
+        ] {
+            if let Some(path) = path.as_ref().filter(|p| self.present.contains(p)) {
+                builder = builder.with_file(kind, path);
             }
-            (None, Some((file, keys))) => Some(Profile {
-                file: file.clone(),
-                keys: keys.clone(),
+        }
+        builder.build()
+    }
+
+    /// The selected profile, parsed by `aws-config`; `Ok(None)` if no file defines it.
+    fn load(&self, name: &str) -> Result<Option<ProfileSummary>> {
+        if self.present.is_empty() {
+            return Ok(None);
+        }
+        let files = self.aws_files();
+        let name = name.to_string();
+        let loaded = futures::executor::block_on(aws_config::profile::load(
+            &AwsFs::real(),
+            &AwsEnv::from_slice(&[]),
+            &files,
+            Some(name.clone().into()),
+        ));
+        let set = loaded.map_err(|e| {
+            Error::new(
+                Status::Auth,
+                format!(
+                    "cannot read the AWS profile files {}: {}",
+                    describe_files(&self.present),
+                    crate::redact::in_text(&error_chain(&e))
+                ),
+            )
+        })?;
+        Ok(set.get_profile(&name).map(|profile| ProfileSummary {
+            kind: PROFILE_CREDENTIAL_KEYS
+                .iter()
+                .copied()
+                .find(|k| profile.get(k).is_some()),
+            region: profile.get("region").map(str::to_string),
+        }))
+    }
+}
+
+fn expand_home(path: &str, home: Option<&str>) -> PathBuf {
+    match (path.strip_prefix("~/"), home) {
+        (Some(rest), Some(home)) => FsPath::new(home).join(rest),
+        _ => PathBuf::from(path),
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// A profile's credentials behind object_store's provider trait
+
+/// Credentials this close to their expiry are refreshed before use.
+const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(5 * 60);
+
+/// `aws-config`'s profile provider as an `object_store` credential provider, caching each
+/// credential until shortly before it expires (static keys never do).
+struct ProfileCredentials {
+    provider: ProfileFileCredentialsProvider,
+    cached: tokio::sync::Mutex<(Arc<AwsCredential>, Option<SystemTime>)>,
+}
+
+impl std::fmt::Debug for ProfileCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProfileCredentials")
+    }
+}
+
+impl ProfileCredentials {
+    fn provider(files: &ProfileFiles, name: &str, region: &str) -> ProfileFileCredentialsProvider {
+        let config = ProviderConfig::without_region()
+            .with_region(Some(aws_config::Region::new(region.to_string())));
+        ProfileFileCredentialsProvider::builder()
+            .configure(&config)
+            .profile_files(files.aws_files())
+            .profile_name(name)
+            .build()
+    }
+
+    /// Resolves the profile once, on a runtime of its own (an assume-role or SSO profile
+    /// makes HTTPS requests; the caller may or may not be inside a runtime). The provider
+    /// kept for refreshes is a fresh one, so no connection of that runtime outlives it.
+    fn resolve(
+        files: &ProfileFiles,
+        name: &str,
+        region: &str,
+    ) -> std::result::Result<Self, String> {
+        let first = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| format!("cannot start a runtime to resolve it: {e}"))?;
+                    runtime
+                        .block_on(Self::provider(files, name, region).provide_credentials())
+                        .map_err(|e| describe_credentials_error(&e))
+                })
+                .join()
+                .unwrap_or_else(|_| Err("the resolver panicked".to_string()))
+        })?;
+        let expiry = first.expiry();
+        Ok(ProfileCredentials {
+            provider: Self::provider(files, name, region),
+            cached: tokio::sync::Mutex::new((Arc::new(to_object_store(&first)), expiry)),
+        })
+    }
+}
+
+fn to_object_store(c: &aws_credential_types::Credentials) -> AwsCredential {
+    AwsCredential {
+        key_id: c.access_key_id().to_string(),
+        secret_key: c.secret_access_key().to_string(),
+        token: c.session_token().map(str::to_string),
+    }
+}
+
+fn describe_credentials_error(e: &CredentialsError) -> String {
+    match e {
+        CredentialsError::CredentialsNotLoaded(_) => {
+            format!("the profile yields no credentials ({})", error_chain(e))
+        }
+        _ => error_chain(e),
+    }
+}
+
+fn needs_refresh(expiry: Option<SystemTime>) -> bool {
+    expiry.is_some_and(|at| {
+        at.duration_since(SystemTime::now())
+            .map_or(true, |left| left < REFRESH_BEFORE_EXPIRY)
+    })
+}
+
+#[async_trait::async_trait]
+impl CredentialProvider for ProfileCredentials {
+    type Credential = AwsCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
+        let mut cached = self.cached.lock().await;
+        if !needs_refresh(cached.1) {
+            return Ok(cached.0.clone());
+        }
+        match self.provider.provide_credentials().await {
+            Ok(fresh) => {
+                *cached = (Arc::new(to_object_store(&fresh)), fresh.expiry());
+                Ok(cached.0.clone())
+            }
+            // Still valid for a while: keep signing with it and try again next time.
+            Err(e) if cached.1.is_some_and(|at| at > SystemTime::now()) => {
+                log::warn!(
+                    "refreshing S3 credentials from the profile failed ({}); the current ones stay in use until they expire",
+                    describe_credentials_error(&e)
+                );
+                Ok(cached.0.clone())
+            }
+            Err(e) => Err(object_store::Error::Generic {
+                store: "S3",
+                source: describe_credentials_error(&e).into(),
             }),
         }
     }
 }
 
-/// A small INI reader for the AWS files: `[section]`, `key = value`, `#`/`;` comments.
-/// Keys are lower-cased; indented lines (nested sub-sections) are ignored.
-fn parse_ini(text: &str) -> Sections {
-    let mut sections = Sections::new();
-    let mut current: Option<String> = None;
-    for raw in text.lines() {
-        if raw.starts_with([' ', '\t']) {
-            continue;
-        }
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
-            sections.entry(name.clone()).or_default();
-            current = Some(name);
-            continue;
-        }
-        let (Some(section), Some((key, value))) = (&current, line.split_once('=')) else {
-            continue;
-        };
-        let value = value.trim();
-        // Inline comments need whitespace before them, as in the AWS CLI.
-        let value = value
-            .split(" #")
-            .next()
-            .unwrap_or(value)
-            .split(" ;")
-            .next()
-            .unwrap_or(value)
-            .trim();
-        sections
-            .get_mut(section)
-            .expect("section inserted above")
-            .insert(key.trim().to_ascii_lowercase(), value.to_string());
-    }
-    sections
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn s3(json: &str) -> S3Config {
         serde_json::from_str(json).unwrap()
-    }
-
-    #[test]
-    fn scrub_removes_registered_secrets_only() {
-        register_secret("sEcReT-value-for-scrub-test");
-        register_secret("abc"); // too short to scrub
-        let out = scrub("key sEcReT-value-for-scrub-test in abc");
-        assert_eq!(out, "key *** in abc");
     }
 
     fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
@@ -483,6 +484,11 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
         move |name: &str| map.get(name).cloned()
+    }
+
+    fn credential(r: &ResolvedCredentials) -> Arc<AwsCredential> {
+        let provider = r.provider.as_ref().expect("a provider");
+        futures::executor::block_on(provider.get_credential()).unwrap()
     }
 
     const NO_KEYS: &str = r#"{"bucket":"b"}"#;
@@ -506,35 +512,26 @@ mod tests {
         let mut with_env = files.to_vec();
         with_env.push(("AWS_ACCESS_KEY_ID", "AKIDENV".to_string()));
         with_env.push(("AWS_SECRET_ACCESS_KEY", "env-secret-1".to_string()));
-        with_env.push(("AWS_SESSION_TOKEN", "env-token-1".to_string()));
 
         let explicit = s3(r#"{"bucket":"b","access_key":"AKIDCONF","secret_key":"conf-secret-1"}"#);
         let r = resolve_credentials(&explicit, &env_of(&with_env)).unwrap();
         assert_eq!(r.source, CredentialSource::Config);
-        let c = r.credentials.unwrap();
-        assert_eq!(c.access_key, "AKIDCONF");
-        assert!(
-            c.session_token.is_empty(),
-            "explicit keys do not pick up the environment's token"
-        );
+        let c = credential(&r);
+        assert_eq!(c.key_id, "AKIDCONF");
+        assert_eq!(c.token, None, "explicit keys take no token from elsewhere");
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_env)).unwrap();
         assert_eq!(r.source, CredentialSource::Environment);
-        let c = r.credentials.unwrap();
-        assert_eq!(
-            (
-                c.access_key.as_str(),
-                c.secret_key.expose(),
-                c.session_token.expose()
-            ),
-            ("AKIDENV", "env-secret-1", "env-token-1")
-        );
+        assert!(r.provider.is_none(), "object_store reads the variables");
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&files)).unwrap();
         assert!(
-            matches!(r.source, CredentialSource::Profile { ref profile, .. } if profile == "default")
+            matches!(&r.source, CredentialSource::Profile { profile, kind, files }
+                if profile == "default" && *kind == "aws_access_key_id" && files == std::slice::from_ref(&creds)),
+            "{:?}",
+            r.source
         );
-        assert_eq!(r.credentials.unwrap().secret_key.expose(), "file-secret-1");
+        assert_eq!(credential(&r).secret_key, "file-secret-1");
     }
 
     #[test]
@@ -549,7 +546,7 @@ mod tests {
         .unwrap();
         std::fs::write(
             &config,
-            "[default]\nregion = eu-west-1\n[profile team]\nregion = ap-south-1\n[profile cfgonly]\naws_access_key_id = AKIDCFG\naws_secret_access_key = cfg-secret\nregion = us-west-2\n[profile assumed]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n",
+            "[default]\nregion = eu-west-1\n[profile team]\nregion = ap-south-1\n[profile cfgonly]\naws_access_key_id = AKIDCFG\naws_secret_access_key = cfg-secret\nregion = us-west-2\n",
         )
         .unwrap();
         let base = vec![
@@ -561,144 +558,154 @@ mod tests {
             e.push(("AWS_PROFILE", p.to_string()));
             e
         };
-        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&base)).unwrap();
-        assert_eq!(r.profile_region.as_deref(), Some("eu-west-1"));
-        assert_eq!(r.credentials.unwrap().access_key, "AKIDDEF");
 
-        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("half")));
-        assert_eq!(
-            r.unwrap_err().status,
-            Status::Auth,
-            "half a key pair is an error"
-        );
+        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&base)).unwrap();
+        assert_eq!(credential(&r).key_id, "AKIDDEF");
+        assert_eq!(r.profile_region.as_deref(), Some("eu-west-1"));
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("cfgonly"))).unwrap();
+        assert_eq!(credential(&r).key_id, "AKIDCFG");
         assert_eq!(r.profile_region.as_deref(), Some("us-west-2"));
-        let c = r.credentials.unwrap();
-        assert_eq!(
-            (c.access_key.as_str(), c.secret_key.expose()),
-            ("AKIDCFG", "cfg-secret")
-        );
-        assert!(matches!(r.source, CredentialSource::Profile { ref file, .. } if file == &config));
 
-        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("assumed"))).unwrap_err();
+        // A region-only profile: no credentials there, so the chain goes on (here to the
+        // instance metadata service), keeping the profile's region.
+        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("team"))).unwrap();
+        assert!(matches!(r.source, CredentialSource::Provider(_)));
+        assert_eq!(r.profile_region.as_deref(), Some("ap-south-1"));
+
+        // Half a key pair: the SDK's own error, naming the profile and its kind.
+        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("half"))).unwrap_err();
         assert_eq!(e.status, Status::Auth);
-        assert!(e.message.contains("role_arn"), "{}", e.message);
+        assert!(
+            e.message.contains("profile [half] (aws_secret_access_key)"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("half-secret"), "{}", e.message);
 
-        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("nope"))).unwrap_err();
-        assert!(e.message.contains("[nope]"), "{}", e.message);
-        assert!(!e.message.contains("def-secret"));
+        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("nosuch"))).unwrap_err();
+        assert_eq!(e.status, Status::Auth);
+        assert!(e.message.contains("[nosuch]"), "{}", e.message);
     }
 
     #[test]
-    fn inline_comments_and_session_token_from_profile() {
+    fn credential_process_and_assume_role_are_resolved_by_the_sdk() {
         let dir = tempfile::tempdir().unwrap();
-        let creds = dir.path().join("credentials");
+        let script = dir.path().join("creds.sh");
         std::fs::write(
-            &creds,
-            "[team]\naws_access_key_id = AKIDTEAM\naws_secret_access_key = team-secret ; note\naws_session_token = team-token\n",
+            &script,
+            "#!/bin/sh\necho '{\"Version\": 1, \"AccessKeyId\": \"AKIDPROC\", \"SecretAccessKey\": \"proc-secret\", \"SessionToken\": \"proc-token\"}'\n",
         )
         .unwrap();
-        let env = vec![
-            ("AWS_SHARED_CREDENTIALS_FILE", creds.display().to_string()),
-            (
-                "AWS_CONFIG_FILE",
-                dir.path().join("none").display().to_string(),
-            ),
-            ("AWS_PROFILE", "team".to_string()),
-        ];
-        let c = resolve_credentials(&s3(NO_KEYS), &env_of(&env))
-            .unwrap()
-            .credentials
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        assert_eq!(
-            (c.secret_key.expose(), c.session_token.expose()),
-            ("team-secret", "team-token")
-        );
-        let debug = format!("{c:?}");
-        assert!(
-            !debug.contains("team-secret")
-                && !debug.contains("team-token")
-                && !debug.contains("AKIDTEAM"),
-            "{debug}"
-        );
-    }
-
-    #[test]
-    fn providers_after_the_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let none = dir.path().join("none").display().to_string();
-        let base = vec![
-            ("AWS_SHARED_CREDENTIALS_FILE", none.clone()),
-            ("AWS_CONFIG_FILE", none),
-        ];
-        let mut web = base.clone();
-        web.push(("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token".to_string()));
-        web.push(("AWS_ROLE_ARN", "arn:aws:iam::1:role/r".to_string()));
-        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&web)).unwrap();
-        assert!(r.credentials.is_none());
-        assert!(matches!(r.source, CredentialSource::Provider(p) if p.starts_with("web identity")));
-        let mut ecs = base.clone();
-        ecs.push((
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "/v2/creds".to_string(),
-        ));
-        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&ecs)).unwrap();
-        assert!(matches!(r.source, CredentialSource::Provider(p) if p.contains("ECS")));
-        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&base)).unwrap();
-        assert!(
-            matches!(r.source, CredentialSource::Provider(p) if p.contains("instance metadata"))
-        );
-        let mut off = base.clone();
-        off.push(("AWS_EC2_METADATA_DISABLED", "true".to_string()));
-        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&off)).unwrap_err();
-        assert_eq!(e.status, Status::Auth);
-        assert!(e.message.contains("no S3 credentials"), "{}", e.message);
-        let mut half = base;
-        half.push(("AWS_ACCESS_KEY_ID", "AKIDHALF".to_string()));
-        assert_eq!(
-            resolve_credentials(&s3(NO_KEYS), &env_of(&half))
-                .unwrap_err()
-                .status,
-            Status::Auth
-        );
-    }
-
-    #[test]
-    fn unreadable_profile_file_matters_only_when_needed() {
-        let dir = tempfile::tempdir().unwrap();
-        // A directory where the file should be: reading it fails with something else than NotFound.
-        let env = vec![
-            (
-                "AWS_SHARED_CREDENTIALS_FILE",
-                dir.path().display().to_string(),
+        let config = dir.path().join("config");
+        std::fs::write(
+            &config,
+            format!(
+                "[profile proc]\ncredential_process = {}\n[profile broken]\ncredential_process = {}/missing\n\
+                 [profile loop]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = loop\n",
+                script.display(),
+                dir.path().display()
             ),
-            (
-                "AWS_CONFIG_FILE",
-                dir.path().join("none").display().to_string(),
-            ),
-        ];
-        let explicit = s3(r#"{"bucket":"b","access_key":"AKIDCONF","secret_key":"conf-secret-2"}"#);
+        )
+        .unwrap();
+        let env = |p: &str| {
+            vec![
+                ("AWS_CONFIG_FILE", config.display().to_string()),
+                ("AWS_PROFILE", p.to_string()),
+            ]
+        };
+        let r = resolve_credentials(&s3(NO_KEYS), &env_of(&env("proc"))).unwrap();
+        let c = credential(&r);
         assert_eq!(
-            resolve_credentials(&explicit, &env_of(&env))
-                .unwrap()
-                .source,
-            CredentialSource::Config
+            (c.key_id.as_str(), c.secret_key.as_str(), c.token.as_deref()),
+            ("AKIDPROC", "proc-secret", Some("proc-token"))
         );
-        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&env)).unwrap_err();
+        assert!(r.source.to_string().contains("(credential_process)"));
+
+        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&env("broken"))).unwrap_err();
         assert_eq!(e.status, Status::Auth);
         assert!(
-            e.message.contains("cannot read AWS profile file"),
+            e.message.contains("profile [broken] (credential_process)"),
+            "{}",
+            e.message
+        );
+
+        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&env("loop"))).unwrap_err();
+        assert_eq!(e.status, Status::Auth);
+        assert!(
+            e.message.contains("profile [loop] (role_arn)"),
             "{}",
             e.message
         );
     }
 
     #[test]
-    fn ini_parser() {
-        let s = parse_ini("[a]\nk = v # c\n[profile  b]\nK2=v2\n  nested = x\nnoequals\n");
-        assert_eq!(s["a"]["k"], "v");
-        assert_eq!(s["profile b"]["k2"], "v2");
-        assert!(!s["profile b"].contains_key("nested"));
+    fn providers_after_the_files() {
+        let home = tempfile::tempdir().unwrap();
+        let h = ("HOME", home.path().display().to_string());
+        let r = resolve_credentials(
+            &s3(NO_KEYS),
+            &env_of(&[
+                h.clone(),
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t".into()),
+                ("AWS_ROLE_ARN", "arn".into()),
+            ]),
+        )
+        .unwrap();
+        assert!(matches!(r.source, CredentialSource::Provider(p) if p.contains("web identity")));
+        let r = resolve_credentials(
+            &s3(NO_KEYS),
+            &env_of(&[
+                h.clone(),
+                ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/x".into()),
+            ]),
+        )
+        .unwrap();
+        assert!(matches!(r.source, CredentialSource::Provider(p) if p.contains("ECS")));
+        let r = resolve_credentials(&s3(NO_KEYS), &env_of(std::slice::from_ref(&h))).unwrap();
+        assert!(matches!(r.source, CredentialSource::Provider(p) if p.contains("metadata")));
+        let e = resolve_credentials(
+            &s3(NO_KEYS),
+            &env_of(&[h, ("AWS_EC2_METADATA_DISABLED", "true".into())]),
+        )
+        .unwrap_err();
+        assert_eq!(e.status, Status::Auth);
+        assert!(
+            e.message.contains("no S3 credentials found"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn unreadable_profile_file_matters_only_when_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should be: it exists and cannot be read.
+        let creds = dir.path().join("credentials");
+        std::fs::create_dir(&creds).unwrap();
+        let env = [("AWS_SHARED_CREDENTIALS_FILE", creds.display().to_string())];
+        let explicit = s3(r#"{"bucket":"b","access_key":"AK","secret_key":"sk"}"#);
+        assert!(resolve_credentials(&explicit, &env_of(&env)).is_ok());
+        let e = resolve_credentials(&s3(NO_KEYS), &env_of(&env)).unwrap_err();
+        assert_eq!(e.status, Status::Auth);
+        assert!(
+            e.message.contains("cannot read the AWS profile files"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn refresh_policy() {
+        assert!(!needs_refresh(None));
+        assert!(needs_refresh(Some(SystemTime::now())));
+        assert!(needs_refresh(Some(
+            SystemTime::now() + Duration::from_secs(60)
+        )));
+        assert!(!needs_refresh(Some(
+            SystemTime::now() + Duration::from_secs(3600)
+        )));
     }
 }

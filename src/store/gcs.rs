@@ -9,7 +9,6 @@ use object_store::client::{
 use object_store::gcp::{GcpCredentialProvider, GoogleCloudStorageBuilder};
 
 use super::classify::error_chain;
-use super::credentials::scrub;
 use super::http_options::{client_options, is_http, retry_config};
 use super::DynStore;
 use crate::config::GcsConfig;
@@ -83,7 +82,7 @@ pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
                 "GCS store (bucket {:?}, credentials from {}): {}",
                 gcs.bucket,
                 credential_source(gcs),
-                scrub(&error_chain(&e))
+                error_chain(&e)
             ))
         })?;
     log::debug!(
@@ -95,7 +94,7 @@ pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
         Error::config(format!(
             "GCS store (bucket {:?}): {}",
             gcs.bucket,
-            scrub(&error_chain(&e))
+            error_chain(&e)
         ))
     })?;
     let bucket_check = Arc::new(BucketCheck {

@@ -113,7 +113,7 @@ pub(super) fn check_writable(root: &FsPath) -> Result<()> {
 }
 
 fn aligned(ptr: *const u8, len: usize) -> bool {
-    (ptr as usize) % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0 && len > 0
+    (ptr as usize).is_multiple_of(DIRECT_ALIGN) && len.is_multiple_of(DIRECT_ALIGN) && len > 0
 }
 
 fn io_error(op: &str, name: &str, e: &io::Error) -> Error {

@@ -121,7 +121,7 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
     };
     Error::new(
         status,
-        super::credentials::scrub(&format!(
+        crate::redact::in_text(&format!(
             "connectivity probe of {describe} failed: {advice} ({detail})"
         )),
     )

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3Builder, AwsCredential, Checksum};
-use object_store::{BackoffConfig, ClientOptions, RetryConfig, StaticCredentialProvider};
+use object_store::aws::{AmazonS3Builder, Checksum};
+use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
 use super::classify::error_chain;
-use super::credentials::{redact, resolve_credentials, CredentialSource};
+use super::credentials::{resolve_credentials, CredentialSource};
 use super::direct::DirectHttp;
 use super::DynStore;
 use crate::config::{ChecksumPolicy, S3Config};
@@ -104,23 +104,20 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
             .unwrap_or_else(|| "us-east-1".to_string())
     };
     builder = builder.with_region(&region);
-    if let Some(creds) = &resolved.credentials {
-        let credential = AwsCredential {
-            key_id: creds.access_key.clone(),
-            secret_key: creds.secret_key.expose().to_string(),
-            token: (!creds.session_token.is_empty())
-                .then(|| creds.session_token.expose().to_string()),
-        };
-        builder = builder.with_credentials(Arc::new(StaticCredentialProvider::new(credential)));
+    if let Some(provider) = &resolved.provider {
+        builder = builder.with_credentials(provider.clone());
     }
     log::debug!(
         "s3 bucket {:?}: credentials from {}",
         s3.bucket,
         resolved.source
     );
-    let built = builder
-        .build()
-        .map_err(|e| Error::config(format!("S3 store: {}", redact(&error_chain(&e), s3))))?;
+    let built = builder.build().map_err(|e| {
+        Error::config(format!(
+            "S3 store: {}",
+            crate::redact::secrets(&error_chain(&e), &[&s3.secret_key, &s3.session_token])
+        ))
+    })?;
     let direct =
         endpoint.and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
     Ok(S3Store {
