@@ -142,6 +142,8 @@ unsafe impl Sync for BlockView {}
 
 impl AsRef<[u8]> for BlockView {
     fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies inside the registered pool (checked when the view was
+        // made), which outlives every job, and the caller does not write it while the job runs.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

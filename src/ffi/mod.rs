@@ -1027,12 +1027,14 @@ mod tests {
     fn memory_tier() -> *mut kvt_tier {
         let mut tier = std::ptr::null_mut();
         let status =
+            // SAFETY: a NUL-terminated literal and a valid out-pointer.
             unsafe { kvt_tier_new(c"{\"store\":{\"type\":\"memory\"}}".as_ptr(), &mut tier) };
         assert_eq!(status, Status::Ok);
         tier
     }
 
     fn last_error() -> String {
+        // SAFETY: kvt_last_error returns a NUL-terminated string owned by this thread, valid until its next call.
         unsafe { CStr::from_ptr(kvt_last_error()) }
             .to_string_lossy()
             .into_owned()
@@ -1044,6 +1046,7 @@ mod tests {
         let mut pool = vec![0u8; 4096];
         let key = [7u8; KVT_DEFAULT_KEY_BYTES];
         let block = [0u64];
+        // SAFETY: `tier` is live and `pool` is 4096 bytes that outlive the tier's jobs; the key and block arrays are live for each call.
         unsafe {
             assert_eq!(
                 kvt_tier_register_memory(tier, pool.as_mut_ptr(), 1, 4096),
@@ -1139,6 +1142,7 @@ mod tests {
         for v in 0..21 {
             let s = status_from_int(v).expect("contiguous codes");
             assert_eq!(s as c_int, v);
+            // SAFETY: kvt_status_str returns a static NUL-terminated string for any code.
             let text = unsafe { CStr::from_ptr(kvt_status_str(v)) }
                 .to_str()
                 .unwrap();
@@ -1146,6 +1150,7 @@ mod tests {
         }
         assert!(status_from_int(21).is_none());
         assert_eq!(
+            // SAFETY: kvt_status_str returns a static NUL-terminated string for any code.
             unsafe { CStr::from_ptr(kvt_status_str(-1)) }
                 .to_str()
                 .unwrap(),

@@ -142,6 +142,7 @@ fn thread_cpu() -> f64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: `t` is a valid timespec to write.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
@@ -171,7 +172,9 @@ fn resident_kib() -> u64 {
 
 /// Client CPU seconds (user + system) and peak RSS in KiB, from getrusage.
 fn rusage() -> (f64, u64) {
+    // SAFETY: rusage is plain old data; all zeroes is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid rusage to write.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (
@@ -299,6 +302,7 @@ fn run_jobs(
             events: libc::POLLIN,
             revents: 0,
         };
+        // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, 100) };
     }
     progress.finish();
@@ -409,6 +413,7 @@ fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
     let mut pool = vec![0u8; 2 * n * bs];
     fill(&mut pool, 0x5eed);
     let tier = Tier::from_json(config).map_err(|e| e.to_string())?;
+    // SAFETY: `pool` holds exactly 2n blocks of `bs` bytes and is dropped after the tier (declared first).
     unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }
         .map_err(|e| e.to_string())?;
     let (_, peak_rss_start) = rusage();
