@@ -179,7 +179,12 @@ fn unverified_server_serves_nothing(h: &Https, switch_to_impostor: &dyn Fn(&Impo
     pool.block_mut(6).fill(0xa5);
     let fallbacks = tier.stats().direct_fallbacks;
     let r = load(&tier, 3, &[5, 6], &[1, 2]);
-    assert_eq!(r.key_status, vec![Status::Tls, Status::Tls], "{}", r.message);
+    assert_eq!(
+        r.key_status,
+        vec![Status::Tls, Status::Tls],
+        "{}",
+        r.message
+    );
     // The general client's own words for a certificate the trusted CAs did not sign.
     assert!(r.message.contains("UnknownIssuer"), "{}", r.message);
     assert!(

@@ -273,7 +273,9 @@ mod tests {
         let mut r = Records::default();
         assert!(r.at_boundary());
         // A record of 3 bytes, then a record of 0, then the start of a third.
-        let stream = [23, 3, 3, 0, 3, b'a', b'b', b'c', 23, 3, 3, 0, 0, 23, 3, 3, 1, 0, b'x'];
+        let stream = [
+            23, 3, 3, 0, 3, b'a', b'b', b'c', 23, 3, 3, 0, 0, 23, 3, 3, 1, 0, b'x',
+        ];
         for split in 0..=stream.len() {
             let mut r = Records::default();
             r.feed(&stream[..split]);

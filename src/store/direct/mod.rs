@@ -57,8 +57,9 @@ const MAX_ERROR_BODY: u64 = 64 << 10;
 const READ_PIECE: usize = 512 << 10;
 /// Body reads wake up once this many bytes are buffered (SO_RCVLOWAT), not per segment:
 /// a server that sends in small pieces would otherwise cost a wake-up and a read() per
-/// piece. On TLS, rustls reads at most one record (16 KiB) ahead per read(), so the
-/// read() count stays; the wake-ups still drop (README, "HTTPS loads", has the numbers).
+/// piece. On TLS, rustls reads about one record (16 KiB) per read(), so the read() count
+/// stays, but the wake-ups still drop: 2 MiB loads over TLS cost 0.87-0.88 CPU-s/GiB with
+/// it and 0.99-1.04 without (sink and s3s-fs behind a TLS relay, `bench/https_loads.py`).
 const WAKE_BYTES: usize = 256 << 10;
 /// On TLS, the part of the remaining body that SO_RCVLOWAT may not wait for: rustls may
 /// already hold the first part of a record (at most 16 KiB + 2 KiB of ciphertext, TLS 1.2's
@@ -270,11 +271,7 @@ trait Exchange {
     type Answer;
     /// Returns the answer and whether the exchange left the connection reusable: framed
     /// without doubt, read to its end, not closed by the server.
-    async fn run(
-        &mut self,
-        conn: &mut Conn,
-        request: &[u8],
-    ) -> io::Result<(Self::Answer, bool)>;
+    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Answer, bool)>;
 }
 
 /// A ranged GET whose body goes into `dest`.
@@ -285,11 +282,7 @@ struct GetInto<'a> {
 
 impl Exchange for GetInto<'_> {
     type Answer = GetOutcome;
-    async fn run(
-        &mut self,
-        conn: &mut Conn,
-        request: &[u8],
-    ) -> io::Result<(GetOutcome, bool)> {
+    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(GetOutcome, bool)> {
         get_exchange(conn, request, self.dest, self.crc).await
     }
 }
