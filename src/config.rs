@@ -271,11 +271,11 @@ pub struct S3Config {
     /// Allow plain http even to non-loopback endpoints.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     pub allow_http: bool,
-    /// Plain-http path-style endpoints: loads read response bodies straight into the
-    /// block and existence checks send HEADs on pooled connections, instead of going
-    /// through the general HTTP client (one copy and ~60 µs of CPU less per request).
-    /// Unexpected answers are repeated through the general client. HTTPS endpoints
-    /// always use the general client.
+    /// Path-style http and https endpoints: loads read response bodies straight into the
+    /// block (on https, from rustls's record buffer) and existence checks send HEADs on
+    /// pooled connections, instead of going through the general HTTP client (one copy and
+    /// ~60 µs of CPU less per request). Unexpected answers are repeated through the general
+    /// client; on https the direct path trusts what the general client trusts.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     pub direct_http: bool,
 }

@@ -762,7 +762,7 @@ fn tls_moto_with_and_without_ca_bundle() {
             && pool.block(5) == pool.block(2)
     );
     drop(tier);
-    // A non-ASCII namespace over HTTPS (the general client; no direct path on TLS).
+    // A non-ASCII namespace over HTTPS (the direct path over TLS, and the general client).
     non_ascii_round_trip(&srv, &bucket, &[true]);
 
     // Without it: a TLS error that names the CA problem and the fix.

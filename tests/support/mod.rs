@@ -9,6 +9,7 @@
 
 pub mod emulators;
 pub mod proxy;
+pub mod tls_relay;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -342,7 +343,45 @@ fn openssl(args: &[&str], dir: &Path) {
     );
 }
 
+/// A server certificate (for `localhost` and `127.0.0.1`) of a CA nobody trusts.
+pub struct Impostor {
+    _tls: Tls,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 impl Tls {
+    /// A server certificate signed by `other_ca`, whose name differs from `ca`'s: a
+    /// client trusting `ca` finds no issuer for it (UnknownIssuer).
+    pub fn signed_by_other_ca(self) -> Impostor {
+        let d = self.dir.path();
+        openssl(
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "other-ca.pem",
+                "-CAkey",
+                "other-ca.key",
+                "-CAcreateserial",
+                "-out",
+                "impostor.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+            ],
+            d,
+        );
+        Impostor {
+            cert: d.join("impostor.pem"),
+            key: self.key.clone(),
+            _tls: self,
+        }
+    }
+
     pub fn generate() -> Tls {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();

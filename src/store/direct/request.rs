@@ -33,6 +33,13 @@ pub(super) struct Target {
     host: String,
     /// `host:port` to connect to.
     pub(super) address: String,
+    /// The host name or IP address alone (no brackets, no port): the name a TLS server's
+    /// certificate is checked against, and the SNI sent.
+    pub(super) host_name: String,
+    /// Whether the endpoint is `https`.
+    pub(super) tls: bool,
+    /// `http` or `https`.
+    scheme: &'static str,
     /// `/<bucket>/`, percent-encoded.
     bucket_path: String,
     region: String,
@@ -41,14 +48,14 @@ pub(super) struct Target {
 /// Why an endpoint gets no direct path.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Unusable {
-    /// Not a plain-http, path-style endpoint: `object_store` serves it.
+    /// Not an http or https endpoint with path-style addressing: `object_store` serves it.
     NotApplicable(&'static str),
     /// A value that cannot be put into a request head.
     Invalid(String),
 }
 
 impl Target {
-    /// The target of `endpoint_url` (`http://host[:port]`, no path) and `bucket`.
+    /// The target of `endpoint_url` (`http[s]://host[:port]`, no path) and `bucket`.
     pub(super) fn new(endpoint_url: &str, bucket: &str, region: &str) -> Result<Target, Unusable> {
         use Unusable::*;
         if endpoint_url.chars().any(char::is_control) {
@@ -63,9 +70,11 @@ impl Target {
             return Err(Invalid(format!("the bucket name {bucket:?}")));
         }
         let url = Url::parse(endpoint_url).map_err(|_| NotApplicable("not a URL"))?;
-        if url.scheme() != "http" {
-            return Err(NotApplicable("not plain http"));
-        }
+        let (tls, scheme) = match url.scheme() {
+            "http" => (false, "http"),
+            "https" => (true, "https"),
+            _ => return Err(NotApplicable("neither http nor https")),
+        };
         if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
             return Err(NotApplicable("an endpoint with a path"));
         }
@@ -75,9 +84,16 @@ impl Target {
         let (Some(host_name), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
             return Err(NotApplicable("an endpoint without a host"));
         };
+        let bare_host = match url.host() {
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            _ => host_name.to_string(),
+        };
         Ok(Target {
             host: url[Position::BeforeHost..Position::AfterPort].to_string(),
             address: format!("{host_name}:{port}"),
+            host_name: bare_host,
+            tls,
+            scheme,
             bucket_path: format!("/{}/", utf8_percent_encode(bucket, SEGMENT)),
             region: region.to_string(),
         })
@@ -126,7 +142,7 @@ impl Target {
         let path = format!("{}{}", self.bucket_path, utf8_percent_encode(name, PATH));
         let mut builder = Request::builder()
             .method(method)
-            .uri(format!("http://{}{path}", self.host));
+            .uri(format!("{}://{}{path}", self.scheme, self.host));
         if let Some(len) = range_len {
             let last = len.checked_sub(1).ok_or("an empty range")?;
             builder = builder.header(header::RANGE, format!("bytes=0-{last}"));
@@ -443,6 +459,23 @@ mod tests {
             (t.host.as_str(), t.address.as_str()),
             ("[::1]:9000", "[::1]:9000")
         );
+        assert!(!t.tls && t.host_name == "::1");
+        let t = target("https://S3.Example.com");
+        assert_eq!(
+            (t.host.as_str(), t.address.as_str(), t.host_name.as_str()),
+            ("s3.example.com", "s3.example.com:443", "s3.example.com")
+        );
+        assert!(t.tls);
+        let t = target("https://127.0.0.1:9443/");
+        assert_eq!(
+            (t.host.as_str(), t.address.as_str(), t.host_name.as_str()),
+            ("127.0.0.1:9443", "127.0.0.1:9443", "127.0.0.1")
+        );
+        let t = target("https://[::1]:443");
+        assert_eq!(
+            (t.host.as_str(), t.address.as_str(), t.host_name.as_str()),
+            ("[::1]", "[::1]:443", "::1")
+        );
         let not_applicable = |endpoint: &str| {
             assert!(
                 matches!(
@@ -452,7 +485,8 @@ mod tests {
                 "{endpoint}"
             )
         };
-        not_applicable("https://127.0.0.1:9000");
+        not_applicable("ftp://127.0.0.1:9000");
+        not_applicable("https://gateway:8080/s3");
         not_applicable("http://gateway:8080/s3");
         not_applicable("http://gateway:8080/?x=1");
         not_applicable("http://user:pw@gateway:8080");
