@@ -353,6 +353,15 @@ fn credential_process(dir: &Path, name: &str, access_key: &str, secret: &str) ->
     script.display().to_string()
 }
 
+/// Starts a keyless tier under `vars`; it must fail with `Status::Auth` and a clean message.
+fn auth_error(srv: &Server, vars: &[(&str, &str)], home: &Path, why: &str) -> kvtier::Error {
+    let _env = Env::with(vars, home);
+    let e = start(keyless(srv, &srv.new_bucket())).err().expect(why);
+    assert_eq!(e.status, Status::Auth, "{}", e.message);
+    assert_clean("the error", &e.message);
+    e
+}
+
 #[test]
 fn credential_process_profiles() {
     // s3s-fs checks every signature, so a round trip proves the process's keys were used.
@@ -375,24 +384,25 @@ fn credential_process_profiles() {
         round_trip(&start_ok(&srv, keyless(&srv, &srv.new_bucket())));
     }
     {
-        let _env = Env::with(&[("AWS_PROFILE", "wrong")], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket()))
-            .err()
-            .expect("the process's wrong secret must fail");
-        assert_eq!(e.status, Status::Auth, "{}", e.message);
+        let e = auth_error(
+            &srv,
+            &[("AWS_PROFILE", "wrong")],
+            home.path(),
+            "the process's wrong secret must fail",
+        );
         assert!(
             e.message.contains("profile [wrong] (credential_process)"),
             "{}",
             e.message
         );
-        assert_clean("the error", &e.message);
     }
     {
-        let _env = Env::with(&[("AWS_PROFILE", "failing")], home.path());
-        let e = start(keyless(&srv, &srv.new_bucket()))
-            .err()
-            .expect("a failing process must fail the start");
-        assert_eq!(e.status, Status::Auth, "{}", e.message);
+        let e = auth_error(
+            &srv,
+            &[("AWS_PROFILE", "failing")],
+            home.path(),
+            "a failing process must fail the start",
+        );
         assert!(
             e.message
                 .contains("profile [failing] (credential_process) of")
@@ -443,20 +453,17 @@ fn assume_role_profile_through_sts() {
     {
         // STS unreachable: the start fails naming the profile and its kind.
         let closed = format!("http://127.0.0.1:{}", free_port());
-        let _env = Env::with(
+        let e = auth_error(
+            &srv,
             &[("AWS_PROFILE", "role"), ("AWS_ENDPOINT_URL_STS", &closed)],
             home.path(),
+            "no STS, no credentials",
         );
-        let e = start(keyless(&srv, &srv.new_bucket()))
-            .err()
-            .expect("no STS, no credentials");
-        assert_eq!(e.status, Status::Auth, "{}", e.message);
         assert!(
             e.message.contains("profile [role] (role_arn)"),
             "{}",
             e.message
         );
-        assert_clean("the error", &e.message);
     }
 }
 

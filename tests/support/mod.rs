@@ -355,26 +355,7 @@ impl Tls {
     /// client trusting `ca` finds no issuer for it (UnknownIssuer).
     pub fn signed_by_other_ca(self) -> Impostor {
         let d = self.dir.path();
-        openssl(
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "other-ca.pem",
-                "-CAkey",
-                "other-ca.key",
-                "-CAcreateserial",
-                "-out",
-                "impostor.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ],
-            d,
-        );
+        sign_server_certificate(d, "other-ca", "impostor.pem");
         Impostor {
             cert: d.join("impostor.pem"),
             key: self.key.clone(),
@@ -428,26 +409,7 @@ impl Tls {
             "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
         )
         .unwrap();
-        openssl(
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ],
-            d,
-        );
+        sign_server_certificate(d, "ca", "server.pem");
         Tls {
             ca: d.join("ca.pem"),
             cert: d.join("server.pem"),
@@ -456,6 +418,31 @@ impl Tls {
             dir,
         }
     }
+}
+
+/// Signs `server.csr` in `dir` with the CA `<ca>.pem`/`<ca>.key` into `out`.
+fn sign_server_certificate(dir: &Path, ca: &str, out: &str) {
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            out,
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+        dir,
+    );
 }
 
 // ------------------------------------------------------------------------------------
