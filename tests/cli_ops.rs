@@ -663,6 +663,7 @@ mod servers {
 
     on_both_servers!(
         probe_names_the_failing_check,
+        probe_names_an_untrusted_ca,
         gc_max_bytes_under_budget_while_a_tier_loads,
         verify_finds_an_object_corrupted_at_rest,
     );
@@ -736,6 +737,44 @@ mod servers {
         );
         assert!(
             b["detail"].as_str().unwrap().contains("store.bucket"),
+            "{report}"
+        );
+    }
+
+    /// The server behind a TLS-terminating relay whose certificate comes from the test CA:
+    /// with that CA in `store.ca_bundle` every check passes; without it the TLS check fails,
+    /// fatal, saying to set `store.ca_bundle`.
+    fn probe_names_an_untrusted_ca(srv: &Server) {
+        let tls = Tls::generate();
+        let relay = support::tls_relay::TlsRelay::terminating(srv.port(), &tls.cert, &tls.key);
+        let bucket = srv.new_bucket();
+        let mut store = with(
+            srv.store_json(&bucket),
+            "endpoint_override",
+            json!(relay.endpoint()),
+        );
+        store["scheme"] = json!("https");
+        store["max_retries"] = json!(0);
+        let mut trusted = store.clone();
+        trusted["ca_bundle"] = json!(tls.ca.display().to_string());
+        let report = json_run("probe", &config_of(trusted), &[], 0);
+        for id in ["tls", "credentials", "bucket", "put_get_delete"] {
+            assert_eq!(check(&report, id)["ok"], true, "{}: {report}", srv.name());
+        }
+
+        let report = json_run("probe", &config_of(store), &[], 1);
+        let check_tls = check(&report, "tls");
+        assert_eq!(
+            (&check_tls["ok"], &check_tls["fatal"]),
+            (&json!(false), &json!(true)),
+            "{}: {report}",
+            srv.name()
+        );
+        assert!(
+            check_tls["detail"]
+                .as_str()
+                .unwrap()
+                .contains("set store.ca_bundle"),
             "{report}"
         );
     }
