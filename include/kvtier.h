@@ -276,6 +276,9 @@ typedef struct kvt_stats {
   uint64_t evicted_blocks;
   // Bytes of the blocks deleted by eviction.
   uint64_t evicted_bytes;
+  // Requests to the store sent again after a 5xx or 429 answer or a transport error
+  // (the storage client's retries and kvtier's own).
+  uint64_t retries;
 } kvt_stats;
 
 // A host's log function (NULL for none): `level`, the record's `target` (the Rust

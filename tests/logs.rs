@@ -76,6 +76,14 @@ fn retry_messages_reach_the_hosts_callback() {
         .unwrap();
     let r = wait_all(&tier, 1).remove(&1).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
+    // Each refused PUT was sent once more, and the counter says so (in metrics too).
+    let refused = proxy.stats().faults("status");
+    assert_eq!(tier.stats().retries, refused, "{:?}", proxy.stats());
+    let metrics = tier.metrics();
+    assert!(
+        metrics.contains(&format!("kvtier_retries_total {refused}")),
+        "{metrics}"
+    );
     drop(tier);
 
     // SAFETY: NULL restores the default; afterwards `collect` is never called again.

@@ -97,6 +97,7 @@ STATS_FIELDS = (
     "direct_fallbacks",
     "evicted_blocks",
     "evicted_bytes",
+    "retries",
 )
 
 

@@ -488,6 +488,7 @@ STAT_HELP = {
     "direct_fallbacks": "Direct-path requests repeated through the general HTTP client.",
     "evicted_blocks": "Blocks kvtier deleted to keep its namespace within its eviction budget or age.",
     "evicted_bytes": "Bytes of the blocks kvtier deleted by eviction.",
+    "retries": "Requests kvtier's storage client sent again after a 5xx or 429 answer or a transport error.",
 }
 METRIC_PREFIX = "vllm:kv_offload_kvtier_"
 JOBS_IN_FLIGHT_METRIC = METRIC_PREFIX + "jobs_in_flight"

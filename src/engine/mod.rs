@@ -581,7 +581,8 @@ impl Tier {
 
     pub fn stats(&self) -> StatsSnapshot {
         let mut snapshot = self.shared.stats.snapshot();
-        // The direct path's counters live with the stores that count them.
+        // The direct path's and the HTTP client's counters live with the stores that count
+        // them.
         let mut stores = vec![&self.shared.store];
         if !Arc::ptr_eq(&self.shared.store, &self.shared.lookup_store) {
             stores.push(&self.shared.lookup_store);
@@ -590,6 +591,7 @@ impl Tier {
             let direct = store.direct_counts();
             snapshot.direct_requests += direct.requests;
             snapshot.direct_fallbacks += direct.fallbacks;
+            snapshot.retries += store.retries();
         }
         snapshot
     }

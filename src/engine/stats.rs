@@ -63,6 +63,7 @@ counters! {
     direct_fallbacks: "Of those, the ones repeated through the general HTTP client after an unexpected answer or a transport error.",
     evicted_blocks: "Blocks deleted by eviction (the namespace's byte budget or maximum age).",
     evicted_bytes: "Bytes of the blocks deleted by eviction.",
+    retries: "Requests to the store sent again after a 5xx or 429 answer or a transport error (the storage client's retries and kvtier's own).",
 }
 
 /// A snapshot of the tier's counters. Counters are only ever appended, never renumbered.
@@ -100,6 +101,9 @@ pub struct StatsSnapshot {
     pub evicted_blocks: u64,
     /// Bytes of the blocks deleted by eviction.
     pub evicted_bytes: u64,
+    /// Requests to the store sent again after a 5xx or 429 answer or a transport error
+    /// (the storage client's retries and kvtier's own).
+    pub retries: u64,
 }
 
 #[cfg(test)]

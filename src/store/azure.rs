@@ -5,7 +5,7 @@ use std::sync::Arc;
 use object_store::azure::MicrosoftAzureBuilder;
 
 use super::classify::error_chain;
-use super::http_options::{client_options, is_http, retry_config};
+use super::http_options::{client_options, is_http, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::AzureConfig;
 use crate::error::{Error, Result};
@@ -31,7 +31,7 @@ pub(crate) fn credential_source(azure: &AzureConfig) -> &'static str {
 }
 
 /// An Azure Blob client for the configured container.
-pub(super) fn open(azure: &AzureConfig) -> Result<DynStore> {
+pub(super) fn open(azure: &AzureConfig) -> Result<(DynStore, Arc<RetryLedger>)> {
     let url = account_url(azure);
     let allow_http = is_http(&url);
     let options = client_options(
@@ -52,7 +52,9 @@ pub(super) fn open(azure: &AzureConfig) -> Result<DynStore> {
     } else {
         MicrosoftAzureBuilder::from_env()
     };
+    let (connector, retries) = CountingConnector::new();
     let built = builder
+        .with_http_connector(connector)
         .with_account(&azure.account)
         .with_container_name(&azure.container)
         .with_endpoint(url)
@@ -73,7 +75,7 @@ pub(super) fn open(azure: &AzureConfig) -> Result<DynStore> {
         azure.container,
         credential_source(azure)
     );
-    Ok(Arc::new(built))
+    Ok((Arc::new(built), retries))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use object_store::client::{
 use object_store::gcp::{GcpCredentialProvider, GoogleCloudStorageBuilder};
 
 use super::classify::error_chain;
-use super::http_options::{client_options, is_http, retry_config};
+use super::http_options::{client_options, is_http, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::GcsConfig;
 use crate::error::{Error, Result};
@@ -52,6 +52,7 @@ pub(crate) fn credential_source(gcs: &GcsConfig) -> String {
 pub(super) struct GcsStore {
     pub(super) client: DynStore,
     pub(super) bucket_check: Arc<BucketCheck>,
+    pub(super) retries: Arc<RetryLedger>,
 }
 
 pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
@@ -72,9 +73,11 @@ pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
     if !gcs.endpoint.is_empty() {
         builder = builder.with_base_url(&url);
     }
+    let (connector, retries) = CountingConnector::new();
     let built = builder
         .with_bucket_name(&gcs.bucket)
         .with_client_options(options.clone())
+        .with_http_connector(connector)
         .with_retry(retry_config(gcs.request_timeout_ms, gcs.max_retries))
         .build()
         .map_err(|e| {
@@ -105,6 +108,7 @@ pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
     Ok(GcsStore {
         client: Arc::new(built),
         bucket_check,
+        retries,
     })
 }
 

@@ -1,14 +1,21 @@
-//! HTTP client options shared by the Azure Blob and GCS stores: the same choices as the
-//! S3 store's (many HTTP/1.1 connections, a large idle pool, the configured timeouts,
-//! exponential backoff with jitter, extra trusted CAs).
+//! HTTP client options shared by the S3, Azure Blob and GCS stores (many HTTP/1.1
+//! connections, a large idle pool, the configured timeouts, exponential backoff with
+//! jitter, extra trusted CAs), and the connector that counts the storage client's retries.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::Method;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+};
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
 use crate::error::{Error, Result};
 
-/// Client options for an endpoint; `allow_http` when its URL says http.
+/// Client options for an endpoint; `allow_http` when plain http is allowed.
 pub(super) fn client_options(
     connect_timeout_ms: u64,
     request_timeout_ms: u64,
@@ -63,4 +70,128 @@ fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
 pub(super) fn is_http(url: &str) -> bool {
     url.get(..7)
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+}
+
+// ------------------------------------------------------------------------------------
+// Counting retries
+
+/// Most failed requests remembered while their repeat is awaited; a request that is not
+/// repeated (its retries are exhausted, or the failure was final) stays until the ledger
+/// is full, and is then forgotten with the rest.
+const MAX_AWAITED_REPEATS: usize = 4096;
+
+/// The requests a store's HTTP client repeated. `object_store` retries inside its client
+/// and reports nothing of it; what it does do is send the same request again through the
+/// connector. So a request whose previous attempt (same method and URL) failed with a 5xx
+/// or 429 answer or a transport error is counted as a retry, whoever repeats it
+/// (`object_store`'s retry loop, or kvtier's own for conditional PUTs).
+#[derive(Debug, Default)]
+pub(crate) struct RetryLedger {
+    retries: AtomicU64,
+    awaiting_repeat: Mutex<HashSet<(Method, String)>>,
+}
+
+impl RetryLedger {
+    pub(crate) fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    fn sent(&self, key: &(Method, String)) {
+        let mut awaiting = self
+            .awaiting_repeat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if awaiting.remove(key) {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn answered(&self, key: (Method, String), failed: bool) {
+        if !failed {
+            return;
+        }
+        let mut awaiting = self
+            .awaiting_repeat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if awaiting.len() >= MAX_AWAITED_REPEATS {
+            awaiting.clear();
+        }
+        awaiting.insert(key);
+    }
+}
+
+/// `object_store`'s own connector (reqwest), with every request seen by a [`RetryLedger`].
+#[derive(Debug)]
+pub(super) struct CountingConnector {
+    ledger: Arc<RetryLedger>,
+}
+
+impl CountingConnector {
+    pub(super) fn new() -> (CountingConnector, Arc<RetryLedger>) {
+        let ledger = Arc::new(RetryLedger::default());
+        (
+            CountingConnector {
+                ledger: ledger.clone(),
+            },
+            ledger,
+        )
+    }
+}
+
+impl HttpConnector for CountingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(Counting {
+            inner,
+            ledger: self.ledger.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct Counting {
+    inner: HttpClient,
+    ledger: Arc<RetryLedger>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Counting {
+    async fn call(&self, request: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        let key = (request.method().clone(), request.uri().to_string());
+        self.ledger.sent(&key);
+        let answer = self.inner.execute(request).await;
+        let failed = match &answer {
+            Ok(response) => {
+                response.status().is_server_error() || response.status().as_u16() == 429
+            }
+            Err(_) => true,
+        };
+        self.ledger.answered(key, failed);
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeat_of_a_failed_request_is_a_retry() {
+        let ledger = RetryLedger::default();
+        let get = |path: &str| (Method::GET, format!("http://h/b/{path}"));
+        ledger.sent(&get("a"));
+        ledger.answered(get("a"), true);
+        ledger.sent(&get("b")); // another request
+        ledger.answered(get("b"), false);
+        assert_eq!(ledger.retries(), 0);
+        ledger.sent(&get("a")); // the repeat
+        assert_eq!(ledger.retries(), 1);
+        ledger.answered(get("a"), false);
+        ledger.sent(&get("a")); // a new request after the success
+        assert_eq!(ledger.retries(), 1);
+        ledger.answered(get("a"), true);
+        ledger.sent(&(Method::PUT, get("a").1)); // another method
+        assert_eq!(ledger.retries(), 1);
+    }
 }

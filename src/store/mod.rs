@@ -77,6 +77,8 @@ pub struct Store {
     max_retries: usize,
     direct_requests: AtomicU64,
     direct_fallbacks: AtomicU64,
+    /// Requests the HTTP client repeated (none for the local and memory stores).
+    retries: Option<Arc<http_options::RetryLedger>>,
 }
 
 /// What a block write found.
@@ -138,16 +140,17 @@ impl Store {
     /// file. Must be called inside the tokio runtime that will run its requests (an HTTP
     /// client's connections belong to the runtime that opens them).
     pub fn open(config: &StoreConfig) -> Result<Store> {
-        let (client, backend, direct, max_retries) = match config {
+        let (client, backend, direct, max_retries, retries) = match config {
             StoreConfig::Local(local) => {
                 let (client, files) = local::open(local)?;
-                (client, Backend::Local { files }, None, 0)
+                (client, Backend::Local { files }, None, 0, None)
             }
             StoreConfig::Memory(_) => (
                 Arc::new(InMemory::new()) as DynStore,
                 Backend::Memory,
                 None,
                 0,
+                None,
             ),
             StoreConfig::S3(config) => {
                 let built = s3::open(config)?;
@@ -155,14 +158,22 @@ impl Store {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: built.credentials,
                 };
-                (built.client, backend, built.direct, config.max_retries)
+                let retries = Some(built.retries);
+                (
+                    built.client,
+                    backend,
+                    built.direct,
+                    config.max_retries,
+                    retries,
+                )
             }
             StoreConfig::Azure(config) => {
                 let backend = Backend::Azure {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: azure::credential_source(config),
                 };
-                (azure::open(config)?, backend, None, config.max_retries)
+                let (client, retries) = azure::open(config)?;
+                (client, backend, None, config.max_retries, Some(retries))
             }
             StoreConfig::Gcs(config) => {
                 let built = gcs::open(config)?;
@@ -171,7 +182,8 @@ impl Store {
                     credentials: gcs::credential_source(config),
                     bucket_check: built.bucket_check,
                 };
-                (built.client, backend, None, config.max_retries)
+                let retries = Some(built.retries);
+                (built.client, backend, None, config.max_retries, retries)
             }
         };
         Ok(Store {
@@ -182,6 +194,7 @@ impl Store {
             max_retries,
             direct_requests: AtomicU64::new(0),
             direct_fallbacks: AtomicU64::new(0),
+            retries,
         })
     }
 
@@ -200,6 +213,12 @@ impl Store {
             requests: self.direct_requests.load(Ordering::Relaxed),
             fallbacks: self.direct_fallbacks.load(Ordering::Relaxed),
         }
+    }
+
+    /// Requests the store's HTTP client sent again after a 5xx or 429 answer or a
+    /// transport error.
+    pub(crate) fn retries(&self) -> u64 {
+        self.retries.as_ref().map_or(0, |ledger| ledger.retries())
     }
 
     /// Whether `path` exists. "Not found" is `false`; a 403 is `false` only when

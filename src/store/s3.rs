@@ -1,14 +1,13 @@
 //! S3 (and S3-compatible servers): endpoint, client options, retries, credentials.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use object_store::aws::{AmazonS3Builder, Checksum};
-use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
 use super::classify::error_chain;
 use super::credentials::{resolve_credentials, CredentialSource};
 use super::direct::DirectHttp;
+use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::{ChecksumPolicy, S3Config};
 use crate::error::{Error, Result};
@@ -50,40 +49,23 @@ pub(super) struct S3Store {
     pub(super) client: DynStore,
     pub(super) credentials: CredentialSource,
     pub(super) direct: Option<Arc<DirectHttp>>,
+    pub(super) retries: Arc<RetryLedger>,
 }
 
 pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
     let resolved = resolve_credentials(s3, &|name| std::env::var(name).ok())?;
-    let mut options = ClientOptions::new()
-        // Many HTTP/1.1 connections rather than one multiplexed HTTP/2 connection.
-        // reqwest sets TCP_NODELAY on every connection by default.
-        .with_http1_only()
-        .with_connect_timeout(Duration::from_millis(s3.connect_timeout_ms))
-        .with_timeout(Duration::from_millis(s3.request_timeout_ms))
-        .with_pool_max_idle_per_host(1024)
-        .with_allow_http(s3.allow_http);
-    if !s3.ca_bundle.is_empty() {
-        for cert in load_ca_bundle(&s3.ca_bundle)? {
-            options = options.with_root_certificate(cert);
-        }
-    }
-    // Exponential backoff with jitter for 5xx, 429/503 SlowDown, timeouts and resets.
-    let retry = RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(5),
-            base: 2.0,
-        },
-        max_retries: s3.max_retries,
-        retry_timeout: Duration::from_millis(
-            s3.request_timeout_ms
-                .saturating_mul(s3.max_retries as u64 + 1),
-        ),
-    };
+    let options = client_options(
+        s3.connect_timeout_ms,
+        s3.request_timeout_ms,
+        s3.allow_http,
+        &s3.ca_bundle,
+    )?;
+    let (connector, retries) = CountingConnector::new();
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(&s3.bucket)
         .with_client_options(options)
-        .with_retry(retry)
+        .with_http_connector(connector)
+        .with_retry(retry_config(s3.request_timeout_ms, s3.max_retries))
         .with_virtual_hosted_style_request(s3.use_virtual_addressing)
         .with_unsigned_payload(!s3.payload_signing)
         .with_allow_http(s3.allow_http);
@@ -124,20 +106,8 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
         client: Arc::new(built),
         credentials: resolved.source,
         direct,
+        retries,
     })
-}
-
-fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
-    let pem =
-        std::fs::read(path).map_err(|e| Error::config(format!("store.ca_bundle {path}: {e}")))?;
-    let certs = object_store::Certificate::from_pem_bundle(&pem)
-        .map_err(|e| Error::config(format!("store.ca_bundle {path} is not a PEM bundle: {e}")))?;
-    if certs.is_empty() {
-        return Err(Error::config(format!(
-            "store.ca_bundle {path} holds no certificate"
-        )));
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]
