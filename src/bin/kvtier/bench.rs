@@ -294,6 +294,9 @@ fn run_jobs(
             latencies.push(r.seconds * 1e3);
         }
         progress.update(latencies.len());
+        if latencies.len() == jobs.len() {
+            break;
+        }
         if Instant::now() > deadline {
             return Err(format!("{label} jobs did not finish within an hour"));
         }
