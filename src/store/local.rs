@@ -232,39 +232,25 @@ impl LocalFiles {
         let (file, temp, _) = self
             .create_temp(&target, direct)
             .map_err(|e| io_error("store", name, &e))?;
-        let published =
-            self.fill_and_publish(&file, &temp, &target, body, checksum, create, direct);
+        let published = fill(&file, body, checksum, direct).and_then(|crc| {
+            self.publish_filled(&file, &temp, &target, crc, create)
+                .map(|outcome| (outcome, crc))
+        });
         if !matches!(published, Ok((Written::Stored, _))) {
             let _ = std::fs::remove_file(&temp);
         }
         published.map_err(|e| io_error("store", name, &e))
     }
 
-    fn fill_and_publish(
+    /// Records `crc` on the filled temporary file, syncs as configured, and publishes it.
+    fn publish_filled(
         &self,
         file: &File,
         temp: &FsPath,
         target: &FsPath,
-        body: &[u8],
-        checksum: bool,
+        crc: Option<u32>,
         create: bool,
-        direct: bool,
-    ) -> io::Result<(Written, Option<u32>)> {
-        let crc = if direct {
-            // The device reads the block by DMA: one request, the CRC over it beforehand.
-            let crc = checksum.then(|| integrity::checksum(body));
-            file.write_all_at(body, 0)?;
-            crc
-        } else {
-            let mut crc = 0u32;
-            for (i, piece) in body.chunks(PIECE).enumerate() {
-                if checksum {
-                    crc = integrity::checksum_append(crc, piece);
-                }
-                file.write_all_at(piece, (i * PIECE) as u64)?;
-            }
-            checksum.then_some(crc)
-        };
+    ) -> io::Result<Written> {
         if let Some(crc) = crc {
             integrity::set_file_checksum_fd(file, crc);
         }
@@ -279,7 +265,7 @@ impl LocalFiles {
         if outcome == Written::Stored && self.fsync == FsyncPolicy::Full {
             File::open(target.parent().unwrap_or(&self.root))?.sync_all()?;
         }
-        Ok((outcome, crc))
+        Ok(outcome)
     }
 
     /// Reads the block stored under `name` into `dest`, which the file must fill exactly.
@@ -363,6 +349,26 @@ impl LocalFiles {
     pub(super) fn delete(&self, name: &str) -> Result<()> {
         std::fs::remove_file(self.file_path(name)).map_err(|e| io_error("delete", name, &e))
     }
+}
+
+/// Writes `body` at the start of `file`; with `checksum`, returns its CRC32C. Buffered, piece
+/// by piece, each checksummed just before the kernel copies it (so that copy reads it from
+/// cache); with O_DIRECT the device reads the block by DMA, in one request, the CRC over it
+/// beforehand.
+fn fill(file: &File, body: &[u8], checksum: bool, direct: bool) -> io::Result<Option<u32>> {
+    if direct {
+        let crc = checksum.then(|| integrity::checksum(body));
+        file.write_all_at(body, 0)?;
+        return Ok(crc);
+    }
+    let mut crc = 0u32;
+    for (i, piece) in body.chunks(PIECE).enumerate() {
+        if checksum {
+            crc = integrity::checksum_append(crc, piece);
+        }
+        file.write_all_at(piece, (i * PIECE) as u64)?;
+    }
+    Ok(checksum.then_some(crc))
 }
 
 /// Publishes `temp` as `target`, replacing what was there.
