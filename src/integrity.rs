@@ -17,12 +17,20 @@ const CRC_XATTR: &CStr = c"user.kvtier.crc32c";
 
 /// The CRC32C of `bytes`.
 pub(crate) fn checksum(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc_fast::crc32_iscsi(bytes)
 }
 
-/// `crc` extended by `bytes`: the checksum of a block read in pieces.
+/// `crc` extended by `bytes`: the checksum of a block read in pieces
+/// (`checksum_append(checksum(a), b) == checksum(a ++ b)`).
 pub(crate) fn checksum_append(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, bytes)
+    // The digest's state is the CRC register before the final XOR (CRC32C's xorout is
+    // all ones), so a finished checksum continues from `crc ^ !0`.
+    let mut digest = crc_fast::Digest::new_with_init_state(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        u64::from(crc ^ u32::MAX),
+    );
+    digest.update(bytes);
+    digest.finalize() as u32
 }
 
 /// How a checksum is recorded: 8 lowercase hex digits.
@@ -109,6 +117,24 @@ pub(crate) fn file_checksum(file: &std::fs::File) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checksums_match_an_independent_crc32c() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        assert_eq!(checksum(b"123456789"), 0xe306_9283);
+        for len in [0, 1, 7, 63, 64, 255, 4096, 65_537, data.len()] {
+            assert_eq!(
+                checksum(&data[..len]),
+                crc32c::crc32c(&data[..len]),
+                "{len}"
+            );
+        }
+        for split in [0, 1, 100, 4096, 131_072, data.len()] {
+            let (a, b) = data.split_at(split);
+            assert_eq!(checksum_append(checksum(a), b), checksum(&data), "{split}");
+            assert_eq!(checksum_append(0, &data), checksum(&data));
+        }
+    }
 
     #[test]
     fn crc_text_round_trips() {

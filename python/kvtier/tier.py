@@ -28,7 +28,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from . import _native
-from .errors import KvtierError, ShutDownError, Status, as_status, error_for
+from .errors import KvtierError, ShutDownError, Status, error_for
 
 #: Bytes of the group index at the end of every key (``KVT_KEY_GROUP_BYTES``).
 KEY_GROUP_BYTES = 4
@@ -54,6 +54,11 @@ class LookupResult(enum.IntEnum):
     MISS = 0
     HIT = 1
     RETRY = 2
+
+
+# Per-call conversions of C codes, by table rather than through the enum constructors.
+_LOOKUP_RESULTS = {int(r): r for r in LookupResult}
+_STATUSES = {int(s): s for s in Status}
 
 
 class Locality(enum.IntEnum):
@@ -299,6 +304,7 @@ def _after_fork_in_child() -> None:
     # raise instead of hanging.
     for tier in list(_live_tiers):
         tier._poll_lock = threading.Lock()
+        tier._poll_results = (_native.KvtResult * _BATCH)()
         tier._events_lock = threading.Lock()
 
 
@@ -333,6 +339,9 @@ class Tier:
         # exit; close() detaches it.
         self._finalizer = weakref.finalize(self, _finalize_unclosed, self._h)
         self._poll_lock = threading.Lock()
+        # Reused by every poll (under _poll_lock): its results are copied out before the
+        # next call.
+        self._poll_results = (_native.KvtResult * _BATCH)()
         self._events_lock = threading.Lock()
         self.num_blocks = 0
         self.block_bytes = 0
@@ -444,19 +453,27 @@ class Tier:
         """Takes every finished job. Never blocks; each job is returned exactly once."""
         lib = _lib()
         out: list[JobOutcome] = []
+        statuses_of = _STATUSES.get
         with self._poll_lock, self._h as ptr:
-            results = (_native.KvtResult * _BATCH)()
+            results = self._poll_results
             count = ctypes.c_size_t()
             while True:
                 _check(lib.kvt_tier_poll(ptr, results, _BATCH, ctypes.byref(count)))
-                for r in results[: count.value]:
+                for i in range(count.value):
+                    r = results[i]
                     n = r.num_keys
-                    statuses = tuple(as_status(s) for s in r.key_status[:n]) if n and r.key_status else ()
+                    if not n or not r.key_status:
+                        statuses = ()
+                    elif r.num_failed_keys == 0:
+                        statuses = (Status.OK,) * n
+                    else:
+                        statuses = tuple([statuses_of(s, s) for s in r.key_status[:n]])
+                    status = r.status
                     out.append(
                         JobOutcome(
                             job_id=r.job_id,
                             kind=JobKind(r.kind),
-                            status=as_status(r.status),
+                            status=statuses_of(status, status),
                             bytes=r.bytes,
                             seconds=r.seconds,
                             key_status=statuses,
@@ -501,8 +518,12 @@ class Tier:
         out = ctypes.c_int()
         with self._h as ptr:
             status = _lib().kvt_tier_lookup(ptr, req_id, key, len(key), ctypes.byref(out))
-        _check(status)
-        return LookupResult(out.value)
+        if status:
+            _check(status)
+        try:
+            return _LOOKUP_RESULTS[out.value]
+        except KeyError:
+            return LookupResult(out.value)
 
     def schedule_end(self) -> None:
         """Sends the lookups asked since the last call as one deduplicated batch."""

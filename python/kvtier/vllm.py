@@ -165,6 +165,9 @@ else:
     JobResult = _JobResult
     TransferJob = _TransferJob
 
+# kvtier's verdict -> vLLM's (by name), once rather than per lookup.
+_VERDICTS = {verdict: LookupResult[verdict.name] for verdict in _KvtLookup}
+
 
 def vllm_version() -> str | None:
     """The installed vLLM's version, or None without vLLM."""
@@ -678,7 +681,7 @@ class KvtierTier(_Base):
         except KvtierError as exc:
             logger.warning("kvtier lookup failed, answering MISS: %s", exc)
             verdict = _KvtLookup.MISS
-        return LookupResult[verdict.name]
+        return _VERDICTS[verdict]
 
     def on_new_request(self, req_context: Any):
         return RequestOffloadingContext()

@@ -159,9 +159,12 @@ async fn store_block(
     view: bytes::Bytes,
     repair: bool,
 ) -> Result<()> {
-    let crc = shared.config.checksums.then(|| integrity::checksum(&view));
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;
-    match shared.store.write_block(name, view, crc, create).await? {
+    let (written, crc) = shared
+        .store
+        .write_block(name, view, shared.config.checksums, create)
+        .await?;
+    match written {
         Written::Stored => {
             if repair {
                 shared.dedup.repaired(key);

@@ -33,8 +33,10 @@ use crate::config::{FsyncPolicy, LocalConfig};
 use crate::error::{Error, Result, Status};
 use crate::integrity;
 
-/// Bytes read per `pread` into a block: small enough that the CRC runs over cached data.
-const READ_PIECE: usize = 1 << 20;
+/// Bytes per buffered `pread`/`pwrite` of a block: small enough that the CRC and the
+/// kernel's copy of a piece meet it in the core's cache (L2), so the bytes come from
+/// memory once.
+const PIECE: usize = 256 << 10;
 /// Alignment O_DIRECT needs of memory, offsets and lengths (the largest logical block
 /// size in common use).
 const DIRECT_ALIGN: usize = 4096;
@@ -215,36 +217,40 @@ impl LocalFiles {
         }
     }
 
-    /// Writes one block under `name`; see the module comment. Blocks the calling thread.
+    /// Writes one block under `name`; see the module comment. With `checksum`, its CRC32C
+    /// is computed here, piece by piece just before each piece is written (while it is in
+    /// cache), recorded on the file, and returned. Blocks the calling thread.
     pub(super) fn write(
         &self,
         name: &str,
         body: &[u8],
-        crc: Option<u32>,
+        checksum: bool,
         create: bool,
-    ) -> Result<Written> {
+    ) -> Result<(Written, Option<u32>)> {
         let target = self.file_path(name);
         let direct = self.o_direct && aligned(body.as_ptr(), body.len());
         let (file, temp, _) = self
             .create_temp(&target, direct)
             .map_err(|e| io_error("store", name, &e))?;
-        let published = self.fill_and_publish(&file, &temp, &target, body, crc, create);
-        if !matches!(published, Ok(Written::Stored)) {
+        let published = fill(&file, body, checksum, direct).and_then(|crc| {
+            self.publish_filled(&file, &temp, &target, crc, create)
+                .map(|outcome| (outcome, crc))
+        });
+        if !matches!(published, Ok((Written::Stored, _))) {
             let _ = std::fs::remove_file(&temp);
         }
         published.map_err(|e| io_error("store", name, &e))
     }
 
-    fn fill_and_publish(
+    /// Records `crc` on the filled temporary file, syncs as configured, and publishes it.
+    fn publish_filled(
         &self,
         file: &File,
         temp: &FsPath,
         target: &FsPath,
-        body: &[u8],
         crc: Option<u32>,
         create: bool,
     ) -> io::Result<Written> {
-        file.write_all_at(body, 0)?;
         if let Some(crc) = crc {
             integrity::set_file_checksum_fd(file, crc);
         }
@@ -302,7 +308,7 @@ impl LocalFiles {
         // O_DIRECT reads the block in one request (the device is the bottleneck, and its
         // pieces must stay aligned); buffered reads go piece by piece, each checksummed
         // while it is in cache.
-        let piece_len = if direct { dest.len() } else { READ_PIECE };
+        let piece_len = if direct { dest.len() } else { PIECE };
         while done < dest.len() {
             let end = (done + piece_len).min(dest.len());
             let n = match file.read_at(&mut dest[done..end], done as u64) {
@@ -343,6 +349,26 @@ impl LocalFiles {
     pub(super) fn delete(&self, name: &str) -> Result<()> {
         std::fs::remove_file(self.file_path(name)).map_err(|e| io_error("delete", name, &e))
     }
+}
+
+/// Writes `body` at the start of `file`; with `checksum`, returns its CRC32C. Buffered, piece
+/// by piece, each checksummed just before the kernel copies it (so that copy reads it from
+/// cache); with O_DIRECT the device reads the block by DMA, in one request, the CRC over it
+/// beforehand.
+fn fill(file: &File, body: &[u8], checksum: bool, direct: bool) -> io::Result<Option<u32>> {
+    if direct {
+        let crc = checksum.then(|| integrity::checksum(body));
+        file.write_all_at(body, 0)?;
+        return Ok(crc);
+    }
+    let mut crc = 0u32;
+    for (i, piece) in body.chunks(PIECE).enumerate() {
+        if checksum {
+            crc = integrity::checksum_append(crc, piece);
+        }
+        file.write_all_at(piece, (i * PIECE) as u64)?;
+    }
+    Ok(checksum.then_some(crc))
 }
 
 /// Publishes `temp` as `target`, replacing what was there.
@@ -429,8 +455,8 @@ mod tests {
             assert!(!f.exists(&name).unwrap());
             let crc = integrity::checksum(&body);
             assert_eq!(
-                f.write(&name, &body, Some(crc), false).unwrap(),
-                Written::Stored
+                f.write(&name, &body, true, false).unwrap(),
+                (Written::Stored, Some(crc))
             );
             assert!(f.exists(&name).unwrap());
             let mut dest = vec![0u8; body.len()];
@@ -462,16 +488,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path(), false, FsyncPolicy::None);
         assert_eq!(
-            f.write("k/x", b"first", None, true).unwrap(),
+            f.write("k/x", b"first", false, true).unwrap().0,
             Written::Stored
         );
         assert_eq!(
-            f.write("k/x", b"second", None, true).unwrap(),
+            f.write("k/x", b"second", false, true).unwrap().0,
             Written::AlreadyStored
         );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"first");
         assert_eq!(
-            f.write("k/x", b"third", None, false).unwrap(),
+            f.write("k/x", b"third", false, false).unwrap().0,
             Written::Stored
         );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"third");
@@ -486,18 +512,18 @@ mod tests {
     fn a_directory_removed_under_the_cache_is_made_again() {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path(), false, FsyncPolicy::None);
-        f.write("d/e/one", b"1", None, false).unwrap();
+        f.write("d/e/one", b"1", false, false).unwrap();
         std::fs::remove_dir_all(dir.path().join("d")).unwrap();
-        f.write("d/e/two", b"2", None, false).unwrap();
+        f.write("d/e/two", b"2", false, false).unwrap();
         assert_eq!(std::fs::read(dir.path().join("d/e/two")).unwrap(), b"2");
         // A new directory under a cached parent that was removed: made top-down first,
         // which finds the parent gone, then the whole chain.
         std::fs::remove_dir_all(dir.path().join("d")).unwrap();
-        f.write("d/f/three", b"3", None, false).unwrap();
+        f.write("d/f/three", b"3", false, false).unwrap();
         assert_eq!(std::fs::read(dir.path().join("d/f/three")).unwrap(), b"3");
         // A file where a layout directory should be fails the store, never overwrites it.
         std::fs::write(dir.path().join("g"), b"not a directory").unwrap();
-        assert!(f.write("g/h/four", b"4", None, false).is_err());
+        assert!(f.write("g/h/four", b"4", false, false).is_err());
         assert_eq!(
             std::fs::read(dir.path().join("g")).unwrap(),
             b"not a directory"

@@ -252,22 +252,38 @@ impl Store {
         }
     }
 
-    /// Writes one block. `crc` is recorded beside the bytes; `create` asks the store to
-    /// refuse the write if the object exists (conditional PUT), which then answers
-    /// [`Written::AlreadyStored`].
+    /// Writes one block. With `checksum`, its CRC32C is recorded beside the bytes and
+    /// returned (the local store computes it piece by piece as it writes, on its file I/O
+    /// thread; the others before the upload); `create` asks the store to refuse the write
+    /// if the object exists (conditional PUT), which then answers [`Written::AlreadyStored`].
     pub(crate) async fn write_block(
+        &self,
+        path: &Path,
+        body: Bytes,
+        checksum: bool,
+        create: bool,
+    ) -> Result<(Written, Option<u32>)> {
+        if let Backend::Local { files } = &self.backend {
+            let (files, name) = (files.clone(), path.to_string());
+            return tokio::task::spawn_blocking(move || {
+                files.write(&name, &body, checksum, create)
+            })
+            .await
+            .map_err(|e| Error::join(&format!("store {path}"), &e))?;
+        }
+        let crc = checksum.then(|| integrity::checksum(&body));
+        self.put_object(path, body, crc, create)
+            .await
+            .map(|written| (written, crc))
+    }
+
+    async fn put_object(
         &self,
         path: &Path,
         body: Bytes,
         crc: Option<u32>,
         create: bool,
     ) -> Result<Written> {
-        if let Backend::Local { files } = &self.backend {
-            let (files, name) = (files.clone(), path.to_string());
-            return tokio::task::spawn_blocking(move || files.write(&name, &body, crc, create))
-                .await
-                .map_err(|e| Error::join(&format!("store {path}"), &e))?;
-        }
         let attributes = match (crc, &self.backend) {
             (None, _) => Default::default(),
             (Some(crc), Backend::Azure { .. }) => {
@@ -430,10 +446,7 @@ impl Store {
     /// Writes `body` at `path` as a store job does (overwriting), its checksum recorded
     /// beside it where a load looks for it: for tools that check a store end to end.
     pub async fn put_block(&self, path: &Path, body: Bytes) -> Result<()> {
-        let crc = integrity::checksum(&body);
-        self.write_block(path, body, Some(crc), false)
-            .await
-            .map(|_| ())
+        self.write_block(path, body, true, false).await.map(|_| ())
     }
 
     /// Reads the object at `path` whole through the store client, checksumming its bytes

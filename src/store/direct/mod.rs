@@ -45,6 +45,7 @@ use conn::{Conn, Tls};
 
 use crate::config::S3Config;
 use crate::error::Status;
+use crate::integrity;
 
 use request::{Target, Unusable};
 use response::ResponseHead;
@@ -366,7 +367,7 @@ async fn get_exchange(
     // whole, but the connection is not reused.
     let (early, surplus) = early.split_at(early.len().min(dest.len()));
     dest[..early.len()].copy_from_slice(early);
-    let mut sum = if crc { crc32c::crc32c(early) } else { 0 };
+    let mut sum = if crc { integrity::checksum(early) } else { 0 };
     let mut done = early.len();
     let mut wake_at = 1;
     while done < dest.len() {
@@ -381,7 +382,7 @@ async fn get_exchange(
             return Err(eof("body cut short"));
         }
         if crc {
-            sum = crc32c::crc32c_append(sum, &dest[done..done + n]);
+            sum = integrity::checksum_append(sum, &dest[done..done + n]);
         }
         done += n;
     }
