@@ -80,8 +80,10 @@ pub(crate) struct ResolvedCredentials {
     /// time (step 4).
     pub(crate) provider: Option<AwsCredentialProvider>,
     pub(crate) source: CredentialSource,
-    /// Region named by the selected profile, if any.
-    pub(crate) profile_region: Option<String>,
+    /// The signing region: `store.region`, else `AWS_REGION`, `AWS_DEFAULT_REGION`, the
+    /// selected profile's `region`, else `us-east-1`. The store's requests and a profile's
+    /// STS or SSO requests are signed for it.
+    pub(crate) region: String,
 }
 
 /// Profile keys that say how a profile's credentials are obtained, most specific first:
@@ -114,6 +116,12 @@ pub(crate) fn resolve_credentials(
         .ok()
         .and_then(|p| p.as_ref())
         .and_then(|p| p.region.clone());
+    let region = Some(s3.region.clone())
+        .filter(|r| !r.is_empty())
+        .or_else(|| var("AWS_REGION"))
+        .or_else(|| var("AWS_DEFAULT_REGION"))
+        .or(profile_region)
+        .unwrap_or_else(|| "us-east-1".to_string());
 
     // 1. Explicit keys in the configuration replace the whole chain.
     if !s3.access_key.is_empty() {
@@ -125,7 +133,7 @@ pub(crate) fn resolve_credentials(
         return Ok(ResolvedCredentials {
             provider: Some(Arc::new(StaticCredentialProvider::new(credential))),
             source: CredentialSource::Config,
-            profile_region,
+            region,
         });
     }
 
@@ -135,7 +143,7 @@ pub(crate) fn resolve_credentials(
             return Ok(ResolvedCredentials {
                 provider: None,
                 source: CredentialSource::Environment,
-                profile_region,
+                region,
             })
         }
         (Some(_), None) => {
@@ -155,27 +163,14 @@ pub(crate) fn resolve_credentials(
 
     // 3. The shared config and credentials files.
     match profile? {
-        Some(profile) if profile.kind.is_some() => {
-            let kind = profile.kind.unwrap_or("aws_access_key_id");
+        Some(ProfileSummary {
+            kind: Some(kind), ..
+        }) => {
             let source = CredentialSource::Profile {
                 profile: profile_name.clone(),
                 kind,
                 files: files.present.clone(),
             };
-            // STS and SSO requests are signed for a region: the store's, else the profile's.
-            let region = [s3.region.clone()]
-                .into_iter()
-                .chain(
-                    [
-                        var("AWS_REGION"),
-                        var("AWS_DEFAULT_REGION"),
-                        profile_region.clone(),
-                    ]
-                    .into_iter()
-                    .flatten(),
-                )
-                .find(|r| !r.is_empty())
-                .unwrap_or_else(|| "us-east-1".to_string());
             let provider =
                 ProfileCredentials::resolve(&files, &profile_name, &region).map_err(|e| {
                     Error::new(
@@ -189,7 +184,7 @@ pub(crate) fn resolve_credentials(
             return Ok(ResolvedCredentials {
                 provider: Some(Arc::new(provider)),
                 source,
-                profile_region,
+                region,
             });
         }
         Some(_) => {
@@ -242,7 +237,7 @@ pub(crate) fn resolve_credentials(
     Ok(ResolvedCredentials {
         provider: None,
         source: CredentialSource::Provider(provider),
-        profile_region,
+        region,
     })
 }
 
@@ -561,17 +556,17 @@ mod tests {
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&base)).unwrap();
         assert_eq!(credential(&r).key_id, "AKIDDEF");
-        assert_eq!(r.profile_region.as_deref(), Some("eu-west-1"));
+        assert_eq!(r.region, "eu-west-1");
 
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("cfgonly"))).unwrap();
         assert_eq!(credential(&r).key_id, "AKIDCFG");
-        assert_eq!(r.profile_region.as_deref(), Some("us-west-2"));
+        assert_eq!(r.region, "us-west-2");
 
         // A region-only profile: no credentials there, so the chain goes on (here to the
         // instance metadata service), keeping the profile's region.
         let r = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("team"))).unwrap();
         assert!(matches!(r.source, CredentialSource::Provider(_)));
-        assert_eq!(r.profile_region.as_deref(), Some("ap-south-1"));
+        assert_eq!(r.region, "ap-south-1");
 
         // Half a key pair: the SDK's own error, naming the profile and its kind.
         let e = resolve_credentials(&s3(NO_KEYS), &env_of(&with_profile("half"))).unwrap_err();

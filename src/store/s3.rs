@@ -76,16 +76,8 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
     if let Some(url) = &endpoint {
         builder = builder.with_endpoint(url);
     }
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let region = if !s3.region.is_empty() {
-        s3.region.clone()
-    } else {
-        env("AWS_REGION")
-            .or_else(|| env("AWS_DEFAULT_REGION"))
-            .or_else(|| resolved.profile_region.clone())
-            .unwrap_or_else(|| "us-east-1".to_string())
-    };
-    builder = builder.with_region(&region);
+    let region = &resolved.region;
+    builder = builder.with_region(region);
     if let Some(provider) = &resolved.provider {
         builder = builder.with_credentials(provider.clone());
     }
@@ -101,7 +93,7 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
         ))
     })?;
     let direct =
-        endpoint.and_then(|url| DirectHttp::new(s3, &url, &region, built.credentials().clone()));
+        endpoint.and_then(|url| DirectHttp::new(s3, &url, region, built.credentials().clone()));
     Ok(S3Store {
         client: Arc::new(built),
         credentials: resolved.source,
