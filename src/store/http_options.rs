@@ -12,6 +12,8 @@ use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
 };
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 use crate::error::{Error, Result};
 
@@ -53,10 +55,13 @@ pub(super) fn retry_config(request_timeout_ms: u64, max_retries: usize) -> Retry
     }
 }
 
-fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
+/// The certificates of a `store.ca_bundle` PEM file, read and checked in one place for
+/// every client that trusts them (the general client here, the direct path's TLS).
+pub(super) fn read_ca_bundle(path: &str) -> Result<Vec<CertificateDer<'static>>> {
     let pem =
         std::fs::read(path).map_err(|e| Error::config(format!("store.ca_bundle {path}: {e}")))?;
-    let certs = object_store::Certificate::from_pem_bundle(&pem)
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::config(format!("store.ca_bundle {path} is not a PEM bundle: {e}")))?;
     if certs.is_empty() {
         return Err(Error::config(format!(
@@ -64,6 +69,19 @@ fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
         )));
     }
     Ok(certs)
+}
+
+fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
+    read_ca_bundle(path)?
+        .iter()
+        .map(|der| {
+            object_store::Certificate::from_der(der).map_err(|e| {
+                Error::config(format!(
+                    "store.ca_bundle {path} holds a bad certificate: {e}"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Whether a URL is plain http.
@@ -175,6 +193,27 @@ impl HttpService for Counting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ca_bundle_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem").display().to_string();
+        let e = read_ca_bundle(&missing).unwrap_err();
+        assert!(
+            e.message
+                .starts_with(&format!("store.ca_bundle {missing}: ")),
+            "{}",
+            e.message
+        );
+        let text = dir.path().join("text.pem");
+        std::fs::write(&text, "not a certificate\n").unwrap();
+        let text = text.display().to_string();
+        let e = read_ca_bundle(&text).unwrap_err();
+        assert_eq!(
+            e.message,
+            format!("store.ca_bundle {text} holds no certificate")
+        );
+    }
 
     #[test]
     fn a_repeat_of_a_failed_request_is_a_retry() {

@@ -13,8 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -34,19 +33,11 @@ impl Tls {
     pub(super) fn new(host: &str, ca_bundle: &str) -> Result<Tls, String> {
         let server_name = ServerName::try_from(host.to_string())
             .map_err(|e| format!("host {host:?} is not a TLS server name: {e}"))?;
-        let mut extra_roots = Vec::new();
-        if !ca_bundle.is_empty() {
-            let pem = std::fs::read(ca_bundle)
-                .map_err(|e| format!("store.ca_bundle {ca_bundle}: {e}"))?;
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                extra_roots.push(cert.map_err(|e| {
-                    format!("store.ca_bundle {ca_bundle} is not a PEM bundle: {e}")
-                })?);
-            }
-            if extra_roots.is_empty() {
-                return Err(format!("store.ca_bundle {ca_bundle} holds no certificate"));
-            }
-        }
+        let extra_roots = if ca_bundle.is_empty() {
+            Vec::new()
+        } else {
+            super::super::http_options::read_ca_bundle(ca_bundle).map_err(|e| e.message)?
+        };
         // The provider reqwest picks: a process-wide default if one was installed, else
         // aws-lc-rs.
         let provider = rustls::crypto::CryptoProvider::get_default()

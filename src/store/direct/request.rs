@@ -38,8 +38,6 @@ pub(super) struct Target {
     pub(super) host_name: String,
     /// Whether the endpoint is `https`.
     pub(super) tls: bool,
-    /// `http` or `https`.
-    scheme: &'static str,
     /// `/<bucket>/`, percent-encoded.
     bucket_path: String,
     region: String,
@@ -70,9 +68,9 @@ impl Target {
             return Err(Invalid(format!("the bucket name {bucket:?}")));
         }
         let url = Url::parse(endpoint_url).map_err(|_| NotApplicable("not a URL"))?;
-        let (tls, scheme) = match url.scheme() {
-            "http" => (false, "http"),
-            "https" => (true, "https"),
+        let tls = match url.scheme() {
+            "http" => false,
+            "https" => true,
             _ => return Err(NotApplicable("neither http nor https")),
         };
         if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
@@ -93,7 +91,6 @@ impl Target {
             address: format!("{host_name}:{port}"),
             host_name: bare_host,
             tls,
-            scheme,
             bucket_path: format!("/{}/", utf8_percent_encode(bucket, SEGMENT)),
             region: region.to_string(),
         })
@@ -140,9 +137,11 @@ impl Target {
             return Err(format!("object name {name:?} has a dot segment"));
         }
         let path = format!("{}{}", self.bucket_path, utf8_percent_encode(name, PATH));
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(format!("{}://{}{path}", self.scheme, self.host));
+        let mut builder = Request::builder().method(method).uri(format!(
+            "{}://{}{path}",
+            if self.tls { "https" } else { "http" },
+            self.host
+        ));
         if let Some(len) = range_len {
             let last = len.checked_sub(1).ok_or("an empty range")?;
             builder = builder.header(header::RANGE, format!("bytes=0-{last}"));
