@@ -31,12 +31,14 @@ class Status(enum.IntEnum):
     BLOCK_BUSY = 20
 
 
+#: Every known code's ``Status``: a table, since the binding converts codes per key on the
+#: poll path and the enum constructor costs several times a dict lookup.
+STATUS_BY_CODE: dict[int, Status] = {int(s): s for s in Status}
+
+
 def as_status(value: int) -> Status | int:
     """``Status(value)``, or the plain int for a code newer than this binding."""
-    try:
-        return Status(value)
-    except ValueError:
-        return value
+    return STATUS_BY_CODE.get(value, value)
 
 
 class KvtierError(RuntimeError):

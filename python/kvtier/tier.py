@@ -28,7 +28,7 @@ import weakref
 from typing import Any, Mapping, Sequence
 
 from . import _native
-from .errors import KvtierError, ShutDownError, Status, error_for
+from .errors import STATUS_BY_CODE, KvtierError, ShutDownError, Status, error_for
 
 #: Bytes of the group index at the end of every key (``KVT_KEY_GROUP_BYTES``).
 KEY_GROUP_BYTES = 4
@@ -56,9 +56,8 @@ class LookupResult(enum.IntEnum):
     RETRY = 2
 
 
-# Per-call conversions of C codes, by table rather than through the enum constructors.
+# Lookup verdicts by code, a table rather than the enum constructor (a per-key call).
 _LOOKUP_RESULTS = {int(r): r for r in LookupResult}
-_STATUSES = {int(s): s for s in Status}
 
 
 class Locality(enum.IntEnum):
@@ -453,7 +452,7 @@ class Tier:
         """Takes every finished job. Never blocks; each job is returned exactly once."""
         lib = _lib()
         out: list[JobOutcome] = []
-        statuses_of = _STATUSES.get
+        statuses_of = STATUS_BY_CODE.get  # as_status, without a call per key
         with self._poll_lock, self._h as ptr:
             results = self._poll_results
             count = ctypes.c_size_t()
