@@ -146,3 +146,71 @@ fn lookup_rejects_bad_keys_and_calls_after_shutdown() {
         Status::ShutDown
     );
 }
+
+/// The local store checks a batch in shares, one per I/O worker; a group (one request's
+/// keys) still fails as a whole when one of its keys fails in another share, and every
+/// other verdict is the store's.
+#[test]
+fn local_batches_split_across_workers_keep_group_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"{{"store":{{"type":"local","path":{:?}}},"runtime_threads":2}}"#,
+        dir.path()
+    );
+    let tier = Tier::from_json(&config).unwrap();
+    let mut mem = vec![7u8; 16 * BLOCK];
+    unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
+    let stored: Vec<u64> = (0..200).filter(|i| i % 2 == 0).collect();
+    for (job, keys) in stored.chunks(16).enumerate() {
+        let blocks: Vec<u64> = (0..keys.len() as u64).collect();
+        assert!(run(&tier, JobKind::Store, job as u64 + 1, &blocks, keys).succeeded());
+    }
+    // A key whose shard directory is a file: its check fails (a damaged store).
+    let mut hash = [0x5au8; 32];
+    hash[0] = 0xff;
+    let damaged = make_key(&hash, 0);
+    let name = tier.layout().object_name(&damaged).unwrap();
+    let shard = name.rsplitn(3, '/').nth(2).unwrap();
+    std::fs::create_dir_all(dir.path().join(shard).parent().unwrap()).unwrap();
+    std::fs::write(dir.path().join(shard), b"not a directory").unwrap();
+
+    // Request 2 asks first: its 150 keys and the damaged one end in the second share
+    // (201 keys in two shares of 101); request 1's 50 keys follow.
+    for i in 0..150 {
+        tier.lookup(2, &key(i)).unwrap();
+    }
+    tier.lookup(2, &damaged).unwrap();
+    for i in 150..200 {
+        tier.lookup(1, &key(i)).unwrap();
+    }
+    tier.schedule_end().unwrap();
+    for i in 0..150 {
+        assert_eq!(resolve(&tier, 2, &key(i)), LookupResult::Miss, "key {i}");
+    }
+    assert_eq!(resolve(&tier, 2, &damaged), LookupResult::Miss);
+    for i in 150..200 {
+        let expected = if i % 2 == 0 {
+            LookupResult::Hit
+        } else {
+            LookupResult::Miss
+        };
+        assert_eq!(resolve(&tier, 1, &key(i)), expected, "key {i}");
+    }
+    let stats = tier.stats();
+    assert_eq!(stats.existence_checks, 201);
+    assert_eq!(stats.existence_check_errors, 1);
+    // Without the damaged key, request 2's stored keys are found.
+    tier.request_finished(2);
+    for i in 0..150 {
+        tier.lookup(3, &key(i)).unwrap();
+    }
+    tier.schedule_end().unwrap();
+    for i in 0..150 {
+        let expected = if i % 2 == 0 {
+            LookupResult::Hit
+        } else {
+            LookupResult::Miss
+        };
+        assert_eq!(resolve(&tier, 3, &key(i)), expected, "key {i}");
+    }
+}

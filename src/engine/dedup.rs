@@ -76,6 +76,20 @@ impl Dedup {
         known.insert(key.to_vec());
     }
 
+    /// [`remember`](Self::remember) for several keys, under one lock.
+    pub(crate) fn remember_all<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) {
+        if self.mode == DedupMode::Off {
+            return;
+        }
+        let mut known = lock(&self.known);
+        for key in keys {
+            if known.len() >= self.capacity {
+                known.clear();
+            }
+            known.insert(key.to_vec());
+        }
+    }
+
     pub(crate) fn forget(&self, key: &[u8]) {
         lock(&self.known).remove(key);
     }

@@ -15,6 +15,12 @@
 //! * `mark_miss` (failed loads) turns only the named keys into MISS.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
 
 /// Answer to a lookup.
 #[repr(C)]
@@ -172,59 +178,162 @@ impl LookupTable {
     }
 }
 
-/// Checks every group's keys concurrently on the lookup lane. A group (one request's keys
-/// of one step) whose check fails anywhere answers MISS for all its keys.
-pub(crate) async fn check_groups(shared: &super::Shared, groups: Vec<ProbeGroup>) -> Vec<Answer> {
-    use std::sync::atomic::Ordering;
-    let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
-    let per_group = futures::future::join_all(groups.into_iter().map(|group| async move {
-        let checks = futures::future::join_all(group.probes.iter().map(|probe| async move {
-            if shared.dedup.is_corrupt(&probe.key) {
-                return Ok(false); // the object is corrupt until this tier stores the key again
-            }
-            let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
-            shared
-                .stats
-                .existence_checks
-                .fetch_add(1, Ordering::Relaxed);
-            let name =
-                crate::store::object_path(&shared.layout.object_name(&probe.key).map_err(|_| ())?);
-            let started = std::time::Instant::now();
-            let found = shared
-                .lookup_store
-                .exists(&name, missing_is_forbidden)
-                .await;
-            shared
-                .metrics
-                .existence_checked(started.elapsed().as_secs_f64());
-            found.map_err(|e| {
-                shared
-                    .stats
-                    .existence_check_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                log::warn!("existence check failed: {}", e.message);
-            })
-        }))
-        .await;
-        let group_failed = checks.iter().any(|c| c.is_err());
-        for (probe, found) in group.probes.iter().zip(&checks) {
-            if found == &Ok(true) {
-                shared.dedup.remember(&probe.key);
+/// Starts checking every group's keys on `lane`; the answers go to `answers_tx` when all
+/// are in. A group (one request's keys of one step) whose check fails anywhere answers
+/// MISS for all its keys. Called on the caller's thread (`schedule_end`).
+pub(crate) fn start_checks(shared: &Arc<super::Shared>, groups: Vec<ProbeGroup>, lane: &Handle) {
+    let keys: Vec<Vec<u8>> = groups
+        .iter()
+        .flat_map(|g| g.probes.iter().map(|p| p.key.clone()))
+        .collect();
+    let shared = shared.clone();
+    if shared.lookup_store.checks_in_place().is_none() {
+        lane.spawn(async move {
+            let verdicts = check_remote(&shared, &keys).await;
+            let _ = shared.answers_tx.send(answers(&shared, groups, verdicts));
+        });
+        return;
+    }
+    // Spawned here, outside the runtime, each share goes to the runtime's shared queue,
+    // where any idle worker can take it; a task spawned from inside a worker would land
+    // in that worker's LIFO slot, which no other worker takes from.
+    let shares = check_in_place(&shared, keys, lane);
+    lane.spawn(async move {
+        let mut verdicts = Vec::new();
+        for (share, len) in shares {
+            match share.await {
+                Ok(share) => verdicts.extend(share),
+                // The runtime is shutting down: the share's keys fail, so their groups MISS.
+                Err(_) => verdicts.extend(std::iter::repeat_n(Err(()), len)),
             }
         }
-        group
-            .probes
-            .into_iter()
-            .zip(checks)
-            .map(|(probe, found)| Answer {
-                key: probe.key,
-                generation: probe.generation,
-                found: !group_failed && found.unwrap_or(false),
-            })
-            .collect::<Vec<_>>()
+        let _ = shared.answers_tx.send(answers(&shared, groups, verdicts));
+    });
+}
+
+/// The groups' answers from their keys' verdicts, in order.
+fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdict>) -> Vec<Answer> {
+    let mut verdicts = verdicts.into_iter();
+    let mut answers = Vec::new();
+    for group in groups {
+        let checks: Vec<Verdict> = verdicts.by_ref().take(group.probes.len()).collect();
+        let group_failed = checks.len() < group.probes.len() || checks.iter().any(|c| c.is_err());
+        shared.dedup.remember_all(
+            group
+                .probes
+                .iter()
+                .zip(&checks)
+                .filter(|(_, found)| **found == Ok(true))
+                .map(|(probe, _)| probe.key.as_slice()),
+        );
+        let mut checks = checks.into_iter();
+        answers.extend(group.probes.into_iter().map(|probe| Answer {
+            found: !group_failed && checks.next() == Some(Ok(true)),
+            key: probe.key,
+            generation: probe.generation,
+        }));
+    }
+    answers
+}
+
+/// One key's check: found or not, or failed (logged where it failed).
+type Verdict = std::result::Result<bool, ()>;
+
+/// The checks of a store asked over the network: every key's request in flight at once, up
+/// to `max_inflight_lookups`.
+async fn check_remote(shared: &super::Shared, keys: &[Vec<u8>]) -> Vec<Verdict> {
+    let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
+    futures::future::join_all(keys.iter().map(|key| async move {
+        if shared.dedup.is_corrupt(key) {
+            return Ok(false); // the object is corrupt until this tier stores the key again
+        }
+        let _permit = shared.lookup_permits.acquire().await.map_err(|_| ())?;
+        shared
+            .stats
+            .existence_checks
+            .fetch_add(1, Ordering::Relaxed);
+        let name = crate::store::object_path(&shared.layout.object_name(key).map_err(|_| ())?);
+        let started = Instant::now();
+        let found = shared
+            .lookup_store
+            .exists(&name, missing_is_forbidden)
+            .await;
+        shared
+            .metrics
+            .existence_checked(started.elapsed().as_secs_f64());
+        found.map_err(|e| existence_check_failed(shared, &e))
     }))
-    .await;
-    per_group.into_iter().flatten().collect()
+    .await
+}
+
+/// Starts the checks of a store whose check is a system call on the calling thread (the
+/// local store's `stat`, a few microseconds): no task or permit per key, which would cost
+/// as much as the call, and the keys split in shares, one per I/O runtime worker, so that
+/// on an idle machine a batch takes the time of its share on one core. Returns each
+/// share's task with its number of keys.
+fn check_in_place(
+    shared: &Arc<super::Shared>,
+    keys: Vec<Vec<u8>>,
+    lane: &Handle,
+) -> Vec<(JoinHandle<Vec<Verdict>>, usize)> {
+    // Below this many keys a share is cheaper to run than to hand to another worker.
+    const MIN_KEYS_PER_SHARE: usize = 32;
+    let shares = shared
+        .config
+        .runtime_threads
+        .min(keys.len().div_ceil(MIN_KEYS_PER_SHARE))
+        .max(1);
+    let per_share = keys.len().div_ceil(shares).max(1);
+    let mut keys = keys.into_iter();
+    (0..shares)
+        .map(|_| {
+            let share: Vec<Vec<u8>> = keys.by_ref().take(per_share).collect();
+            let len = share.len();
+            let shared = shared.clone();
+            let task = lane.spawn(async move {
+                let Some(mut checks) = shared.lookup_store.checks_in_place() else {
+                    return vec![Err(()); share.len()]; // never: chosen for such a store only
+                };
+                share
+                    .iter()
+                    .map(|key| check_now(&shared, &mut checks, key))
+                    .collect::<Vec<Verdict>>()
+            });
+            (task, len)
+        })
+        .collect()
+}
+
+fn check_now(
+    shared: &super::Shared,
+    checks: &mut crate::store::ExistenceChecks<'_>,
+    key: &[u8],
+) -> Verdict {
+    if shared.dedup.is_corrupt(key) {
+        return Ok(false); // the object is corrupt until this tier stores the key again
+    }
+    if shared.lookup_permits.is_closed() {
+        return Err(()); // the tier is shutting down
+    }
+    shared
+        .stats
+        .existence_checks
+        .fetch_add(1, Ordering::Relaxed);
+    let name = shared.layout.object_name(key).map_err(|_| ())?;
+    let started = Instant::now();
+    let found = checks.exists(&name);
+    shared
+        .metrics
+        .existence_checked(started.elapsed().as_secs_f64());
+    found.map_err(|e| existence_check_failed(shared, &e))
+}
+
+fn existence_check_failed(shared: &super::Shared, e: &crate::error::Error) {
+    shared
+        .stats
+        .existence_check_errors
+        .fetch_add(1, Ordering::Relaxed);
+    log::warn!("existence check failed: {}", e.message);
 }
 
 #[cfg(test)]

@@ -512,23 +512,24 @@ impl Tier {
         if groups.is_empty() {
             return Ok(());
         }
-        let shared = self.shared.clone();
-        let task = async move {
-            let answers = lookup::check_groups(&shared, groups).await;
-            let _ = shared.answers_tx.send(answers);
-        };
         let lane = self
             .lookup_runtime
             .read()
             .unwrap_or_else(|p| p.into_inner());
-        // The lane's answers come back through `answers_tx`: the task handle is not needed.
-        let spawned = match lane.as_ref() {
-            Some(rt) => Some(rt.spawn(task)),
-            None => self.with_runtime(|rt| rt.spawn(task)),
+        // Started while the runtime's lock is held, so shutdown cannot drop it in between.
+        let started = match lane.as_ref() {
+            Some(rt) => {
+                lookup::start_checks(&self.shared, groups, rt.handle());
+                true
+            }
+            None => self
+                .with_runtime(|rt| lookup::start_checks(&self.shared, groups, rt.handle()))
+                .is_some(),
         };
-        match spawned {
-            Some(_) => Ok(()),
-            None => Err(Error::new(Status::ShutDown, "schedule_end after shutdown")),
+        if started {
+            Ok(())
+        } else {
+            Err(Error::new(Status::ShutDown, "schedule_end after shutdown"))
         }
     }
 

@@ -33,6 +33,7 @@ use crate::pool::BlockSlot;
 pub use classify::error_chain;
 pub(crate) use classify::{classify, op_error};
 pub use credentials::CredentialSource;
+pub(crate) use local::ExistenceChecks;
 pub use probe::ProbeOutcome;
 
 use direct::{DirectError, DirectHttp};
@@ -219,6 +220,16 @@ impl Store {
     /// transport error.
     pub(crate) fn retries(&self) -> u64 {
         self.retries.as_ref().map_or(0, |ledger| ledger.retries())
+    }
+
+    /// Existence checks of one lookup batch, made on the calling thread, for a store whose
+    /// check is a system call of microseconds (the local store's `stat`); `None` for the
+    /// others, which are asked with [`exists`](Self::exists).
+    pub(crate) fn checks_in_place(&self) -> Option<ExistenceChecks<'_>> {
+        match &self.backend {
+            Backend::Local { files } => Some(files.existence_checks()),
+            _ => None,
+        }
     }
 
     /// Whether `path` exists. "Not found" is `false`; a 403 is `false` only when
