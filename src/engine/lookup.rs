@@ -14,7 +14,7 @@
 //! * a failed existence check makes every key of that request's group MISS;
 //! * `mark_miss` (failed loads) turns only the named keys into MISS.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,18 +41,24 @@ enum Phase {
     Resolved,
 }
 
+/// A key as the lookup state holds it: shared by its entry, the step's batch, its
+/// requests' lists and its probe, so that asking for it allocates once.
+pub(crate) type SharedKey = Arc<[u8]>;
+
 #[derive(Debug)]
 struct Entry {
+    key: SharedKey,
     generation: u64,
     phase: Phase,
     found: Option<bool>,
-    requests: HashSet<u64>,
+    /// The requests holding the entry: usually one or two, so a list, not a set.
+    requests: Vec<u64>,
 }
 
 /// One key to check, with the generation its answer must match.
 #[derive(Debug, Clone)]
 pub(crate) struct Probe {
-    pub key: Vec<u8>,
+    pub key: SharedKey,
     pub generation: u64,
 }
 
@@ -65,18 +71,22 @@ pub(crate) struct ProbeGroup {
 /// An answer: `found` is `None` when the check failed.
 #[derive(Debug, Clone)]
 pub(crate) struct Answer {
-    pub key: Vec<u8>,
+    pub key: SharedKey,
     pub generation: u64,
     pub found: bool,
 }
 
 /// The lookup state. Owned by whoever calls `lookup` (the scheduler); the I/O side
 /// only sees [`ProbeGroup`]s and sends back [`Answer`]s.
+///
+/// `lookup` runs once per key per scheduler step, so it is kept to one hash of the key and
+/// no allocation for a key already asked; each request's keys are a list (a request
+/// joins an entry once, which the entry's own list decides), not a set rebuilt per request.
 #[derive(Debug, Default)]
 pub(crate) struct LookupTable {
-    entries: HashMap<Vec<u8>, Entry>,
-    by_request: HashMap<u64, HashSet<Vec<u8>>>,
-    batch: Vec<(Vec<u8>, u64, u64)>,
+    entries: HashMap<SharedKey, Entry>,
+    by_request: HashMap<u64, Vec<SharedKey>>,
+    batch: Vec<(SharedKey, u64, u64)>,
     next_generation: u64,
 }
 
@@ -87,25 +97,29 @@ impl LookupTable {
             None => {
                 self.next_generation += 1;
                 let generation = self.next_generation;
-                self.batch.push((key.to_vec(), request, generation));
-                self.entries.entry(key.to_vec()).or_insert(Entry {
+                let key: SharedKey = key.into();
+                self.batch.push((key.clone(), request, generation));
+                self.entries.entry(key.clone()).or_insert(Entry {
+                    key,
                     generation,
                     phase: Phase::Pending,
                     found: None,
-                    requests: HashSet::new(),
+                    requests: Vec::new(),
                 })
             }
         };
-        entry.requests.insert(request);
         let verdict = match entry.found {
             Some(true) => LookupResult::Hit,
             Some(false) => LookupResult::Miss,
             None => LookupResult::Retry,
         };
-        self.by_request
-            .entry(request)
-            .or_default()
-            .insert(key.to_vec());
+        if !entry.requests.contains(&request) {
+            entry.requests.push(request);
+            self.by_request
+                .entry(request)
+                .or_default()
+                .push(entry.key.clone());
+        }
         verdict
     }
 
@@ -164,7 +178,7 @@ impl LookupTable {
         };
         for key in keys {
             if let Some(entry) = self.entries.get_mut(&key) {
-                entry.requests.remove(&request);
+                entry.requests.retain(|&r| r != request);
                 if entry.requests.is_empty() && entry.phase != Phase::InFlight {
                     self.entries.remove(&key);
                 }
@@ -182,7 +196,7 @@ impl LookupTable {
 /// are in. A group (one request's keys of one step) whose check fails anywhere answers
 /// MISS for all its keys. Called on the caller's thread (`schedule_end`).
 pub(crate) fn start_checks(shared: &Arc<super::Shared>, groups: Vec<ProbeGroup>, lane: &Handle) {
-    let keys: Vec<Vec<u8>> = groups
+    let keys: Vec<SharedKey> = groups
         .iter()
         .flat_map(|g| g.probes.iter().map(|p| p.key.clone()))
         .collect();
@@ -224,7 +238,7 @@ fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdic
                 .iter()
                 .zip(&checks)
                 .filter(|(_, found)| **found == Ok(true))
-                .map(|(probe, _)| probe.key.as_slice()),
+                .map(|(probe, _)| &*probe.key),
         );
         let mut checks = checks.into_iter();
         answers.extend(group.probes.into_iter().map(|probe| Answer {
@@ -241,7 +255,7 @@ type Verdict = std::result::Result<bool, ()>;
 
 /// The checks of a store asked over the network: every key's request in flight at once, up
 /// to `max_inflight_lookups`.
-async fn check_remote(shared: &super::Shared, keys: &[Vec<u8>]) -> Vec<Verdict> {
+async fn check_remote(shared: &super::Shared, keys: &[SharedKey]) -> Vec<Verdict> {
     let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
     futures::future::join_all(keys.iter().map(|key| async move {
         if shared.dedup.is_corrupt(key) {
@@ -273,7 +287,7 @@ async fn check_remote(shared: &super::Shared, keys: &[Vec<u8>]) -> Vec<Verdict> 
 /// share's task with its number of keys.
 fn check_in_place(
     shared: &Arc<super::Shared>,
-    keys: Vec<Vec<u8>>,
+    keys: Vec<SharedKey>,
     lane: &Handle,
 ) -> Vec<(JoinHandle<Vec<Verdict>>, usize)> {
     // Below this many keys a share is cheaper to run than to hand to another worker.
@@ -287,7 +301,7 @@ fn check_in_place(
     let mut keys = keys.into_iter();
     (0..shares)
         .map(|_| {
-            let share: Vec<Vec<u8>> = keys.by_ref().take(per_share).collect();
+            let share: Vec<SharedKey> = keys.by_ref().take(per_share).collect();
             let len = share.len();
             let shared = shared.clone();
             let task = lane.spawn(async move {
@@ -402,7 +416,7 @@ mod tests {
         t.lookup(1, b"k");
         t.request_finished(1); // pending, not in flight: dropped now
         let stale = Answer {
-            key: b"k".to_vec(),
+            key: b"k".as_slice().into(),
             generation: 1,
             found: true,
         };
