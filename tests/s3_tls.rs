@@ -197,6 +197,11 @@ fn unverified_server_serves_nothing(h: &Https, switch_to_impostor: &dyn Fn(&Impo
     // The general client's own words for a certificate the trusted CAs did not sign.
     assert!(r.message.contains("UnknownIssuer"), "{}", r.message);
     assert!(
+        r.message.contains("store.ca_bundle"),
+        "a TLS failure names the setting of trusted CAs: {}",
+        r.message
+    );
+    assert!(
         pool.block(5).iter().all(|&b| b == 0xa5) && pool.block(6).iter().all(|&b| b == 0xa5),
         "a slot was written from an unverified server"
     );

@@ -211,7 +211,7 @@ class _Handle:
     ``kvt_tier_free`` also when the tier is finalized by the garbage collector.
     """
 
-    __slots__ = ("ptr", "pool", "_cond", "_users", "_exclusive", "__weakref__")
+    __slots__ = ("ptr", "pool", "_lock", "_cond", "_users", "_exclusive", "__weakref__")
 
     def __init__(self, ptr: int):
         self.ptr: int | None = ptr
@@ -222,7 +222,11 @@ class _Handle:
     def _after_fork(self) -> None:
         # Also run in a fork() child, where the threads that held the lock or used the
         # handle do not exist.
-        self._cond = threading.Condition(threading.Lock())
+        # Every call enters and leaves under the lock itself (a C-level context manager);
+        # the condition, on the same lock, is only waited on while `exclusive` runs. That
+        # keeps a call's guard to two lock operations (a lookup is called per key).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._users = 0
         self._exclusive = False
 
@@ -231,7 +235,7 @@ class _Handle:
             raise ShutDownError(Status.SHUT_DOWN, "the tier is closed")
 
     def __enter__(self) -> int:
-        with self._cond:
+        with self._lock:
             while self._exclusive:
                 self._cond.wait()
             ptr = self.ptr
@@ -241,7 +245,7 @@ class _Handle:
             return ptr
 
     def __exit__(self, *exc) -> None:
-        with self._cond:
+        with self._lock:
             self._users -= 1
             if self._users == 0 and self._exclusive:
                 self._cond.notify_all()

@@ -14,7 +14,42 @@ pub(crate) fn op_error(op: &str, path: &Path, e: &object_store::Error) -> Error 
         return Error::join(&format!("{op} {path}"), source);
     }
     // classify maps a 416 / InvalidRange answer to LengthMismatch itself.
-    Error::new(classify(e), format!("{op} {path}: {}", error_chain(e)))
+    let status = classify(e);
+    Error::new(
+        status,
+        with_tls_advice(format!("{op} {path}: {}", error_chain(e)), status, e),
+    )
+}
+
+/// `message`, with what to change when `error` is a failed TLS handshake: a request in the
+/// middle of a run fails with the TLS library's words (`invalid peer certificate:
+/// UnknownIssuer`), which do not say which setting decides the trusted CAs. (The start-up
+/// probe's advice, which knows the configuration, is longer: probe.rs.)
+pub(crate) fn with_tls_advice(
+    message: String,
+    status: Status,
+    error: &(dyn std::error::Error + 'static),
+) -> String {
+    if status != Status::Tls {
+        return message;
+    }
+    let advice = match tls_problem(error) {
+        Some(TlsProblem::UnknownIssuer) => {
+            "the server's certificate was issued by a CA this tier does not trust: store.ca_bundle \
+             must name a PEM file holding the certificate of the CA that signed it"
+        }
+        Some(TlsProblem::WrongName) => {
+            "the server's certificate does not name the endpoint's host: connect by a name it lists"
+        }
+        Some(TlsProblem::Expired) => {
+            "the server's certificate is expired or not yet valid: renew it or check the clock"
+        }
+        Some(TlsProblem::NotTls) => "the server does not speak TLS on this port",
+        Some(TlsProblem::Other) | None => {
+            "the server's certificate could not be verified: check the scheme and store.ca_bundle"
+        }
+    };
+    format!("{message} ({advice})")
 }
 
 /// The S3 error code in a response body (`<Code>NoSuchKey</Code>`), if any.
@@ -294,6 +329,17 @@ mod tests {
             rustls::CertificateError::UnknownIssuer,
         ));
         assert_eq!(tls_problem(&unknown), Some(TlsProblem::UnknownIssuer));
+        let message = with_tls_advice("load kv/x".into(), classify(&unknown), &unknown);
+        assert!(message.starts_with("load kv/x ("), "{message}");
+        assert!(message.contains("store.ca_bundle"), "{message}");
+        let not_tls = object_store::Error::NotFound {
+            path: "kv/x".into(),
+            source: "missing".into(),
+        };
+        assert_eq!(
+            with_tls_advice("m".into(), classify(&not_tls), &not_tls),
+            "m"
+        );
         assert_eq!(classify(&unknown), Status::Tls);
         let plain = wrapped(rustls::Error::InvalidMessage(
             rustls::InvalidMessage::InvalidContentType,

@@ -257,7 +257,11 @@ impl Store {
                 Status::PermissionDenied if missing_is_forbidden => Ok(false),
                 status => Err(Error::new(
                     status,
-                    format!("exists {path}: {}", error_chain(&e)),
+                    classify::with_tls_advice(
+                        format!("exists {path}: {}", error_chain(&e)),
+                        status,
+                        &e,
+                    ),
                 )),
             },
         }
