@@ -161,6 +161,13 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
     let mut mem = vec![7u8; 16 * BLOCK];
     unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
     let stored: Vec<u64> = (0..200).filter(|i| i % 2 == 0).collect();
+    let stored_verdict = |i: u64| {
+        if i % 2 == 0 {
+            LookupResult::Hit
+        } else {
+            LookupResult::Miss
+        }
+    };
     for (job, keys) in stored.chunks(16).enumerate() {
         let blocks: Vec<u64> = (0..keys.len() as u64).collect();
         assert!(run(&tier, JobKind::Store, job as u64 + 1, &blocks, keys).succeeded());
@@ -189,12 +196,7 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
     }
     assert_eq!(resolve(&tier, 2, &damaged), LookupResult::Miss);
     for i in 150..200 {
-        let expected = if i % 2 == 0 {
-            LookupResult::Hit
-        } else {
-            LookupResult::Miss
-        };
-        assert_eq!(resolve(&tier, 1, &key(i)), expected, "key {i}");
+        assert_eq!(resolve(&tier, 1, &key(i)), stored_verdict(i), "key {i}");
     }
     let stats = tier.stats();
     assert_eq!(stats.existence_checks, 201);
@@ -206,11 +208,6 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
     }
     tier.schedule_end().unwrap();
     for i in 0..150 {
-        let expected = if i % 2 == 0 {
-            LookupResult::Hit
-        } else {
-            LookupResult::Miss
-        };
-        assert_eq!(resolve(&tier, 3, &key(i)), expected, "key {i}");
+        assert_eq!(resolve(&tier, 3, &key(i)), stored_verdict(i), "key {i}");
     }
 }
