@@ -162,7 +162,7 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
     unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
     let stored: Vec<u64> = (0..200).filter(|i| i % 2 == 0).collect();
     let stored_verdict = |i: u64| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             LookupResult::Hit
         } else {
             LookupResult::Miss
