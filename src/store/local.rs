@@ -54,6 +54,11 @@ pub(super) struct LocalFiles {
     o_direct: bool,
     fsync: FsyncPolicy,
     made_dirs: Mutex<HashSet<PathBuf>>,
+    /// Temporary files are `<temp_stem><n>`: the prefix, this process's id, the time of this
+    /// store's start and its number in the process, so that two stores of one process never
+    /// pick the same name, nor a process that got a crashed one's id (as a container's
+    /// processes usually do).
+    temp_stem: String,
     next_temp: AtomicU64,
 }
 
@@ -75,17 +80,31 @@ pub(super) fn open(config: &LocalConfig) -> Result<(DynStore, Arc<LocalFiles>)> 
         o_direct: config.o_direct,
         fsync: config.fsync,
         made_dirs: Mutex::new(HashSet::new()),
+        temp_stem: format!(
+            "{TEMP_PREFIX}{}-{:x}-{}-",
+            std::process::id(),
+            start_nonce(),
+            STORES_OPENED.fetch_add(1, Ordering::Relaxed)
+        ),
         next_temp: AtomicU64::new(0),
     };
     Ok((Arc::new(fs), Arc::new(files)))
 }
 
+/// Local stores this process has opened (a part of their temporary files' names).
+static STORES_OPENED: AtomicU64 = AtomicU64::new(0);
+
+/// Nanoseconds of the wall clock at a store's start (0 if the clock is before 1970).
+fn start_nonce() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
 /// A local store must take new files: found at start, not by the first store job.
 pub(super) fn check_writable(root: &FsPath) -> Result<()> {
     use std::io::Write;
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nonce = start_nonce();
     // A name no object can have (object names never start with a dot).
     let probe = root.join(format!(
         ".kvtier-write-probe-{}-{nonce}",
@@ -189,34 +208,44 @@ impl LocalFiles {
 
     /// Opens a new temporary file beside `target`, with O_DIRECT when asked and allowed.
     fn create_temp(&self, target: &FsPath, direct: bool) -> io::Result<(File, PathBuf, bool)> {
+        // A name taken anyway (a file left by something else) costs another number, a few
+        // times at most.
+        const ATTEMPTS: usize = 8;
         let dir = target.parent().unwrap_or(&self.root);
-        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
-        let temp = dir.join(format!("{TEMP_PREFIX}{}-{n}", std::process::id()));
-        let open = |direct: bool| {
-            let mut options = std::fs::OpenOptions::new();
-            options.write(true).create_new(true).mode(0o644);
-            if direct {
-                options.custom_flags(libc::O_DIRECT);
-            }
-            options.open(&temp)
-        };
         self.ensure_dir(dir, false)?;
-        let opened = match open(direct) {
-            // The directory was removed under the cache (by `kvtier gc`, or by hand).
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.ensure_dir(dir, true)?;
-                open(direct)
-            }
-            other => other,
-        };
-        match opened {
-            // The file system refuses O_DIRECT (tmpfs): buffered instead.
-            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                warn_no_direct(&e);
-                Ok((open(false)?, temp, false))
-            }
-            Ok(file) => Ok((file, temp, direct)),
-            Err(e) => Err(e),
+        let mut attempt = 0;
+        loop {
+            let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
+            let temp = dir.join(format!("{}{n}", self.temp_stem));
+            let open = |direct: bool| {
+                let mut options = std::fs::OpenOptions::new();
+                options.write(true).create_new(true).mode(0o644);
+                if direct {
+                    options.custom_flags(libc::O_DIRECT);
+                }
+                options.open(&temp)
+            };
+            let opened = match open(direct) {
+                // The directory was removed under the cache (by `kvtier gc`, or by hand).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.ensure_dir(dir, true)?;
+                    open(direct)
+                }
+                other => other,
+            };
+            return match opened {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt + 1 < ATTEMPTS => {
+                    attempt += 1;
+                    continue;
+                }
+                // The file system refuses O_DIRECT (tmpfs): buffered instead.
+                Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    warn_no_direct(&e);
+                    Ok((open(false)?, temp, false))
+                }
+                Ok(file) => Ok((file, temp, direct)),
+                Err(e) => Err(e),
+            };
         }
     }
 
@@ -625,6 +654,31 @@ mod tests {
             std::fs::read(dir.path().join("g")).unwrap(),
             b"not a directory"
         );
+    }
+
+    #[test]
+    fn a_temporary_name_already_taken_costs_another_name_not_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path(), false, FsyncPolicy::None);
+        let g = files(dir.path(), false, FsyncPolicy::None);
+        assert_ne!(f.temp_stem, g.temp_stem, "two stores of one process");
+        // Files where the next temporary names of `f` would go (left by a crash, say).
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        for n in 0..3 {
+            std::fs::write(dir.path().join(format!("a/b/{}{n}", f.temp_stem)), b"left").unwrap();
+        }
+        assert_eq!(
+            f.write("a/b/block", b"block", true, true).unwrap().0,
+            Written::Stored
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("a/b/block")).unwrap(),
+            b"block"
+        );
+        for n in 0..3 {
+            let left = dir.path().join(format!("a/b/{}{n}", f.temp_stem));
+            assert_eq!(std::fs::read(left).unwrap(), b"left", "never overwritten");
+        }
     }
 
     #[test]
