@@ -51,7 +51,8 @@ struct Entry {
     generation: u64,
     phase: Phase,
     found: Option<bool>,
-    /// The requests holding the entry: usually one or two, so a list, not a set.
+    /// The requests holding the entry: usually a few (requests sharing a prefix), so a
+    /// list searched in order, not a set.
     requests: Vec<u64>,
 }
 
@@ -68,7 +69,7 @@ pub(crate) struct ProbeGroup {
     pub probes: Vec<Probe>,
 }
 
-/// An answer: `found` is `None` when the check failed.
+/// An answer: `found` is false also for the keys of a group whose check failed.
 #[derive(Debug, Clone)]
 pub(crate) struct Answer {
     pub key: SharedKey,
@@ -79,9 +80,10 @@ pub(crate) struct Answer {
 /// The lookup state. Owned by whoever calls `lookup` (the scheduler); the I/O side
 /// only sees [`ProbeGroup`]s and sends back [`Answer`]s.
 ///
-/// `lookup` runs once per key per scheduler step, so it is kept to one hash of the key and
-/// no allocation for a key already asked; each request's keys are a list (a request
-/// joins an entry once, which the entry's own list decides), not a set rebuilt per request.
+/// `lookup` runs once per key per scheduler step, so for a key already asked it is one hash
+/// of the key and no allocation, and a new key is allocated once; each request's keys are a
+/// list (a request joins an entry once, which the entry's own list decides), not a set
+/// rebuilt per request.
 #[derive(Debug, Default)]
 pub(crate) struct LookupTable {
     entries: HashMap<SharedKey, Entry>,
