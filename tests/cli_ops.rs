@@ -470,6 +470,51 @@ fn gc_older_than_deletes_exactly_the_old_objects_and_dry_run_none(b: &Backend) {
     assert_eq!(again["listed_objects"], 3);
 }
 
+/// A crash between a block's write and its rename leaves a temporary file beside the
+/// blocks; gc deletes those an hour old (never a younger one, which may be a running
+/// engine's write in progress) and no object that its limits keep.
+#[test]
+fn gc_deletes_temporary_files_of_writes_that_never_finished() {
+    let b = Backend::local();
+    let names = b.put_blocks(NS_A, &[1, 2, 3], BLOCK);
+    let shard = std::path::Path::new(&names[0]).parent().unwrap();
+    let old = shard
+        .join(".kvtier-tmp-7-18c2f3a1b2c3d4e5-0-0")
+        .display()
+        .to_string();
+    let young = shard
+        .join(".kvtier-tmp-7-18c2f3a1b2c3d4e5-0-1")
+        .display()
+        .to_string();
+    for temp in [&old, &young] {
+        std::fs::write(b.file(temp), vec![1u8; 100]).unwrap();
+    }
+    b.set_age(&old, Duration::from_secs(2 * 3600));
+    b.set_age(&young, Duration::from_secs(10 * 60));
+    let config = b.config(NS_A);
+
+    let dry = json_run("gc", &config, &["--older-than", "7d", "--dry-run"], 0);
+    assert_eq!(
+        names_in(&dry["leftover_temporary_files"]),
+        vec![old.clone()]
+    );
+    assert_eq!(dry["deleted_leftover_temporary_files"], 0);
+    assert!(b.file(&old).exists(), "a dry run deleted");
+
+    let done = json_run("gc", &config, &["--older-than", "7d"], 0);
+    assert_eq!(done["deleted_objects"], 0, "{done}");
+    assert_eq!(done["deleted_leftover_temporary_files"], 1, "{done}");
+    assert_eq!(done["leftover_temporary_files"][0]["deleted"], true);
+    assert!(!b.file(&old).exists(), "the old temporary file was kept");
+    assert!(
+        b.file(&young).exists(),
+        "a temporary file under an hour old was deleted"
+    );
+    assert!(names.iter().all(|n| b.exists(n)), "a block was deleted");
+    // Temporary files are never counted as the tier's objects.
+    assert_eq!(done["listed_objects"], 3);
+}
+
 fn gc_max_bytes_deletes_the_oldest_first_in_one_namespace_only(b: &Backend) {
     let names = b.put_blocks(NS_A, &[1, 2, 3, 4, 5], BLOCK);
     // names[0] is the oldest (5 h), names[4] the newest (1 h).

@@ -4,8 +4,14 @@
 //! Safe while engines serve: a load of a key deleted under it fails alone (not found) and
 //! its lookups turn MISS; a load never returns another object's bytes, because gc only
 //! ever deletes whole objects and the library checks every object it reads.
+//!
+//! On a local store gc also deletes the temporary files of writes that never finished (a
+//! crash between a block's write and its rename), once they are an hour old: no write of
+//! a block takes that long, so a younger one may belong to a running engine.
 
 use std::collections::HashMap;
+
+use kvtier::config::StoreConfig;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Args};
@@ -46,6 +52,9 @@ pub struct GcArgs {
     #[command(flatten)]
     pub store: StoreArgs,
 }
+
+/// A local store's temporary file older than this was left by a write that never finished.
+const LEFTOVER_AGE_US: i64 = 3600 * 1_000_000;
 
 fn reason_name(reason: EvictionReason) -> &'static str {
     match reason {
@@ -105,15 +114,29 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
     let rt = runtime()?;
     rt.block_on(async {
         let store = crate::common::open_store(&config)?;
-        let listed = objects::list(&store, &scope).await?;
+        let (listed, temps) = objects::list_with_temps(&store, &scope).await?;
         let listed_objects = listed.len() as u64;
         let listed_bytes: u64 = listed.iter().map(|o| o.bytes).sum();
         let chosen = plan(listed, cutoff_us, args.max_bytes);
         let chosen_bytes: u64 = chosen.iter().map(|(o, _)| o.bytes).sum();
+        let leftovers: Vec<Object> = if matches!(config.store, StoreConfig::Local(_)) {
+            let before = now_us() - LEFTOVER_AGE_US;
+            temps
+                .into_iter()
+                .filter(|t| t.modified_us < before)
+                .collect()
+        } else {
+            Vec::new() // only the local store writes temporary files
+        };
         let deleted = if args.dry_run {
             None
         } else {
-            let names: Vec<String> = chosen.iter().map(|(o, _)| o.name.clone()).collect();
+            let names: Vec<String> = chosen
+                .iter()
+                .map(|(o, _)| o)
+                .chain(&leftovers)
+                .map(|o| o.name.clone())
+                .collect();
             Some(objects::delete(&store, &names, "gc").await)
         };
         let is_gone = |name: &str| deleted.as_ref().is_some_and(|d| d.gone.contains(name));
@@ -123,6 +146,7 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
             .filter(|o| is_gone(&o.name))
             .collect();
         let gone_bytes: u64 = gone.iter().map(|o| o.bytes).sum();
+        let leftovers_gone = leftovers.iter().filter(|o| is_gone(&o.name)).count();
         let failed = deleted.as_ref().map_or(&[][..], |d| &d.failed[..]);
 
         if args.store.json() {
@@ -162,6 +186,21 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
                     "remaining_bytes": listed_bytes - gone_bytes,
                     "failed": failed,
                     "objects": objects,
+                    "leftover_temporary_files": leftovers
+                        .iter()
+                        .map(|o| {
+                            let mut v = json!({
+                                "name": o.name,
+                                "bytes": o.bytes,
+                                "last_modified": format_time(o.modified_us),
+                            });
+                            if deleted.is_some() {
+                                v["deleted"] = json!(is_gone(&o.name));
+                            }
+                            v
+                        })
+                        .collect::<Vec<Value>>(),
+                    "deleted_leftover_temporary_files": leftovers_gone,
                 })
             );
         } else if args.dry_run {
@@ -172,6 +211,21 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
                     o.bytes,
                     reason_name(*reason),
                     o.name
+                );
+            }
+            for o in &leftovers {
+                println!(
+                    "would delete  {}  {:>12}  {:<6}  {}",
+                    format_time(o.modified_us),
+                    o.bytes,
+                    "left",
+                    o.name
+                );
+            }
+            if !leftovers.is_empty() {
+                println!(
+                    "would delete {} temporary files of writes that never finished",
+                    leftovers.len()
                 );
             }
             println!(
@@ -187,6 +241,12 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
         } else {
             for (name, why) in failed {
                 eprintln!("kvtier gc: cannot delete {name}: {why}");
+            }
+            if !leftovers.is_empty() {
+                println!(
+                    "deleted {leftovers_gone} of {} temporary files of writes that never finished",
+                    leftovers.len()
+                );
             }
             println!(
                 "deleted {} objects ({}) of {} ({}) under {}; {} objects ({}) remain",
@@ -205,7 +265,7 @@ pub fn run(args: &GcArgs) -> Result<(), Failure> {
             Err(Failure::run(format!(
                 "{} of {} objects could not be deleted",
                 failed.len(),
-                chosen.len()
+                chosen.len() + leftovers.len()
             )))
         }
     })

@@ -55,7 +55,9 @@ enum Command {
     ///
     /// Works on a namespace (--namespace), everything under a prefix (--prefix), or by
     /// default the configuration's prefix and namespace. Safe while engines serve: a load
-    /// of a deleted key fails alone (not found) and its lookups turn MISS.
+    /// of a deleted key fails alone (not found) and its lookups turn MISS. On a local
+    /// store it also deletes the temporary files of writes that never finished (a crash
+    /// before the rename) once they are an hour old.
     #[command(verbatim_doc_comment)]
     Gc(gc::GcArgs),
 

@@ -127,8 +127,14 @@ fn strip_prefix<'a>(name: &'a str, prefix: &str) -> &'a str {
 /// Whether an object is the tier's: not one of the start-up probe's objects and not a
 /// local store's temporary file.
 pub fn is_tier_object(name: &str) -> bool {
+    !is_local_temp(name) && !name.split('/').any(|s| s == PROBE_SEGMENT)
+}
+
+/// Whether `name` is a local store's temporary file: a block before its rename, or the
+/// start-up writability check.
+pub fn is_local_temp(name: &str) -> bool {
     let last = name.rsplit('/').next().unwrap_or(name);
-    !last.starts_with(LOCAL_TEMP_START) && !name.split('/').any(|s| s == PROBE_SEGMENT)
+    last.starts_with(LOCAL_TEMP_START)
 }
 
 /// One object of the tier, as a listing shows it.
@@ -143,10 +149,19 @@ pub struct Object {
 /// Lists the tier's objects under `scope`, in the store's order, skipping the probe's
 /// objects and temporary files.
 pub async fn list(store: &Store, scope: &Scope) -> Result<Vec<Object>, Failure> {
+    Ok(list_with_temps(store, scope).await?.0)
+}
+
+/// Lists under `scope` the tier's objects and, apart, the local store's temporary files
+/// (both in the store's order); the probe's objects are skipped.
+pub async fn list_with_temps(
+    store: &Store,
+    scope: &Scope,
+) -> Result<(Vec<Object>, Vec<Object>), Failure> {
     let path = scope.path();
     let prefix = (!path.is_empty()).then(|| object_path(&path));
     let mut listing = store.client().list(prefix.as_ref());
-    let mut objects = Vec::new();
+    let (mut objects, mut temps) = (Vec::new(), Vec::new());
     let mut progress = Progress::new("list");
     while let Some(meta) = listing.next().await {
         let meta = meta.map_err(|e| {
@@ -158,17 +173,20 @@ pub async fn list(store: &Store, scope: &Scope) -> Result<Vec<Object>, Failure> 
             ))
         })?;
         let name = meta.location.to_string();
-        if is_tier_object(&name) {
-            objects.push(Object {
-                name,
-                bytes: meta.size,
-                modified_us: meta.last_modified.timestamp_micros(),
-            });
+        let object = Object {
+            bytes: meta.size,
+            modified_us: meta.last_modified.timestamp_micros(),
+            name,
+        };
+        if is_local_temp(&object.name) {
+            temps.push(object);
+        } else if is_tier_object(&object.name) {
+            objects.push(object);
         }
         progress.tick(|| format!("listed {} objects", objects.len()));
     }
     progress.finish();
-    Ok(objects)
+    Ok((objects, temps))
 }
 
 /// What a batched delete did.
@@ -413,6 +431,10 @@ mod tests {
         assert!(!is_tier_object("__kvtier_probe__/cli-1"));
         assert!(!is_tier_object("kv/ns/abc/de_g0/.kvtier-tmp-12-0"));
         assert!(!is_tier_object(".kvtier-write-probe-1-2"));
+        assert!(is_local_temp("kv/ns/abc/de_g0/.kvtier-tmp-12-0"));
+        assert!(is_local_temp(".kvtier-write-probe-1-2"));
+        assert!(!is_local_temp("kv/ns/abc/de_g0/abcdef.bin"));
+        assert!(!is_local_temp("kv/.kvtier-ns/abc/de_g0/abcdef.bin"));
     }
 
     #[test]
