@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from types import SimpleNamespace
-from upstream_support import Store, drain, lookup_and_wait, row_bytes
+from upstream_support import ENGINE_ID, Store, drain, lookup_and_wait, row_bytes
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.config import (
@@ -60,7 +60,7 @@ _OFFLOADING_SPEC = SimpleNamespace(
         worker_kv_bytes_per_block=0,
         enable_kv_cache_events=False,
         extra_config={},
-        engine_id="test-engine",
+        engine_id=ENGINE_ID,
         model=OffloadingModelConfig(name="test/model", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(

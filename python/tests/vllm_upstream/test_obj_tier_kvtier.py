@@ -56,6 +56,7 @@ import numpy as np
 import pytest
 import torch
 from upstream_support import (
+    ENGINE_ID,
     Store,
     clear_rows,
     drain,
@@ -114,7 +115,7 @@ def _make_offloading_config(
         worker_kv_bytes_per_block=0,
         enable_kv_cache_events=enable_kv_cache_events,
         extra_config={},
-        engine_id="test-engine",
+        engine_id=ENGINE_ID,
         model=OffloadingModelConfig(name="test/model", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
         parallel=OffloadingParallelConfig(

@@ -61,6 +61,11 @@ from kvtier.vllm import KvtierTier  # noqa: E402
 #: Longest any test waits for kvtier (never reached when all is well).
 DEADLINE_S = 60.0
 
+#: The engine id of these tests' offloading configs. vLLM's primary tier maps the file
+#: /dev/shm/vllm_offload_{engine_id}.mmap, so upstream's fixed "test-engine" made two test
+#: runs on one machine share (and overwrite) one host pool: one id per process instead.
+ENGINE_ID = f"test-engine-{os.getpid()}"
+
 
 # ---------------------------------------------------------------------------------------
 # From vLLM 0.33.0 tests/v1/kv_offload/conftest.py
@@ -70,7 +75,7 @@ def make_offloading_config(
     *,
     spec_name: str | None = "CPUOffloadingSpec",
     cpu_bytes_to_use: int | None = 65536,
-    engine_id: str = "test-engine",
+    engine_id: str = ENGINE_ID,
     worker_kv_bytes_per_block: int = 8,
     groups: tuple[OffloadingGroupConfig, ...] | None = None,
     tokens_per_hash: int = 16,
