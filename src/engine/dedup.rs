@@ -66,14 +66,7 @@ impl Dedup {
     }
 
     pub(crate) fn remember(&self, key: &[u8]) {
-        if self.mode == DedupMode::Off {
-            return;
-        }
-        let mut known = lock(&self.known);
-        if known.len() >= self.capacity {
-            known.clear();
-        }
-        known.insert(key.to_vec());
+        self.remember_all([key]);
     }
 
     /// [`remember`](Self::remember) for several keys, under one lock.
