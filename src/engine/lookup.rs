@@ -274,10 +274,7 @@ async fn check_remote(shared: &super::Shared, keys: &[SharedKey]) -> Vec<Verdict
             .lookup_store
             .exists(&name, missing_is_forbidden)
             .await;
-        shared
-            .metrics
-            .existence_checked(started.elapsed().as_secs_f64());
-        found.map_err(|e| existence_check_failed(shared, &e))
+        check_done(shared, started, found)
     }))
     .await
 }
@@ -338,18 +335,25 @@ fn check_now(
     let name = shared.layout.object_name(key).map_err(|_| ())?;
     let started = Instant::now();
     let found = checks.exists(&name);
+    check_done(shared, started, found)
+}
+
+/// A check's verdict, with its time recorded and a failure counted and logged.
+fn check_done(
+    shared: &super::Shared,
+    started: Instant,
+    found: crate::error::Result<bool>,
+) -> Verdict {
     shared
         .metrics
         .existence_checked(started.elapsed().as_secs_f64());
-    found.map_err(|e| existence_check_failed(shared, &e))
-}
-
-fn existence_check_failed(shared: &super::Shared, e: &crate::error::Error) {
-    shared
-        .stats
-        .existence_check_errors
-        .fetch_add(1, Ordering::Relaxed);
-    log::warn!("existence check failed: {}", e.message);
+    found.map_err(|e| {
+        shared
+            .stats
+            .existence_check_errors
+            .fetch_add(1, Ordering::Relaxed);
+        log::warn!("existence check failed: {}", e.message);
+    })
 }
 
 #[cfg(test)]
