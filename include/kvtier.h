@@ -272,13 +272,18 @@ typedef struct kvt_stats {
   // Of those, the ones repeated through the general HTTP client after an unexpected
   // answer or a transport error.
   uint64_t direct_fallbacks;
-  // Blocks deleted by eviction (the namespace's byte budget or maximum age).
+  // Blocks this tier's eviction removed (the namespace's byte budget or maximum age),
+  // counting a block another tier or gc deleted first: S3 answers a delete of a missing
+  // object as done.
   uint64_t evicted_blocks;
-  // Bytes of the blocks deleted by eviction.
+  // Bytes of the blocks this tier's eviction removed.
   uint64_t evicted_bytes;
   // Requests to the store sent again after a 5xx or 429 answer or a transport error
   // (the storage client's retries and kvtier's own).
   uint64_t retries;
+  // Uploads the store refused because the body it received failed the request's
+  // checksum (damaged in transit); each is sent again, up to max_retries times.
+  uint64_t damaged_uploads;
 } kvt_stats;
 
 // A host's log function (NULL for none): `level`, the record's `target` (the Rust

@@ -79,6 +79,15 @@ pub struct TierConfig {
     /// Keys remembered as present for `skip_known` dedup; the memory is forgotten whole when full.
     #[serde(default = "default_known_keys")]
     pub known_keys_capacity: usize,
+    /// Milliseconds a key stays remembered as in the store (after its store, or a lookup
+    /// that found it) and a key found corrupt stays MISS without asking the store. The
+    /// store is the truth: another engine, `kvtier gc`, an eviction or a lifecycle rule may
+    /// delete a block at any time, and a tier that skips uploads of keys it remembers would
+    /// otherwise report them stored for ever. Within the window a deletion by someone else
+    /// is not seen by a store that skips; after it, the next store uploads (or, with
+    /// `conditional` dedup, asks the store with `If-None-Match`). 0: never remember.
+    #[serde(default = "default_known_keys_ttl_ms")]
+    pub known_keys_ttl_ms: u64,
     /// Keeps the tier's namespace bounded: see [`EvictionConfig`]. Off by default.
     #[serde(default)]
     pub eviction: Option<EvictionConfig>,
@@ -108,6 +117,10 @@ fn default_eviction_interval_ms() -> u64 {
 
 fn default_known_keys() -> usize {
     1_000_000
+}
+
+fn default_known_keys_ttl_ms() -> u64 {
+    60_000
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -246,8 +259,9 @@ pub struct S3Config {
     /// false (default): path-style requests, as MinIO, Ceph and most gateways need.
     #[serde(default, deserialize_with = "bool_or_word")]
     pub use_virtual_addressing: bool,
-    /// `required` sends checksum headers only when an operation needs them (stores such as
-    /// NooBaa reject them otherwise); `supported` sends them whenever possible.
+    /// `supported` (the default) sends a CRC64NVME of every PUT's body
+    /// (`x-amz-checksum-crc64nvme`) for the server to verify before it stores the object;
+    /// `required` sends no checksum header (servers such as NooBaa reject them).
     #[serde(default)]
     pub req_checksum: Option<ChecksumPolicy>,
     /// Accepted for vLLM compatibility; responses are verified by kvtier's own checks.

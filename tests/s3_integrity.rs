@@ -279,7 +279,133 @@ fn dedup_uploads_once_across_tiers(srv: &Server) {
     assert_eq!(oob_get(&store, &name).unwrap(), pa.block(0));
 }
 
+/// Uploads whose bodies a proxy damages on the way (one flipped byte), with default
+/// settings. Where the start-up probe found that the server verifies the request's
+/// checksum, no damaged body is ever reported stored: with the first attempt of every
+/// object's PUT damaged, all 40 keys store (each refused once, then sent again) and load
+/// byte-exact; with every attempt damaged, every key fails and no object exists. Where the
+/// server does not verify (the probe says so), the documented behaviour: the key is
+/// reported stored, and the first load finds the damage by its CRC32C, fails the key
+/// `Corrupt`, and the key answers MISS.
+fn upload_damaged_in_transit_is_never_reported_stored(srv: &Server) {
+    // Overwriting PUTs, and the default (conditional PUTs where the server honours them).
+    for dedup in [json!({"dedup": "off"}), json!({})] {
+        upload_damaged_in_transit(srv, dedup);
+    }
+}
+
+fn upload_damaged_in_transit(srv: &Server, dedup: serde_json::Value) {
+    const KEYS: u64 = 40;
+    let bucket = srv.new_bucket();
+    let proxy = Proxy::start(srv.port());
+    let store = with(
+        srv.store_json(&bucket),
+        "endpoint_override",
+        json!(proxy.endpoint()),
+    );
+    let ids: Vec<u64> = (0..KEYS).collect();
+    let blocks: Vec<u64> = (0..KEYS).collect();
+    let block_prefix = format!("/{bucket}/kv/");
+    let damage_first_attempt = {
+        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+        let prefix = block_prefix.clone();
+        move |req: &support::proxy::RequestInfo| {
+            let path = req.path.split('?').next().unwrap_or_default().to_string();
+            let block = req.method == "PUT"
+                && path.starts_with(&prefix)
+                && !path.contains("__kvtier_probe__");
+            if block && seen.lock().unwrap().insert(path) {
+                Fault::CorruptRequestBody
+            } else {
+                Fault::Pass
+            }
+        }
+    };
+    // The probe at start goes through the proxy undamaged.
+    let tier = start(store.clone(), dedup);
+    let verified = tier.upload_check() == kvtier::store::UploadCheck::Verified;
+    eprintln!(
+        "{}: {dedup_mode:?}, upload check {:?}",
+        srv.name(),
+        tier.upload_check(),
+        dedup_mode = tier.dedup_mode()
+    );
+    let mut pool = Pool::new(2 * KEYS, BLOCK);
+    pool.fill_random(44);
+    pool.register(&tier);
+
+    proxy.set_rule(damage_first_attempt);
+    let r = run(&tier, JobKind::Store, 1, &blocks, &ids);
+    let damaged = proxy.stats().faults("corrupt_request_body");
+    assert_eq!(damaged, KEYS, "{}", srv.name());
+    proxy.set_rule(|_| Fault::Pass);
+    let loads: Vec<u64> = (KEYS..2 * KEYS).collect();
+    if verified {
+        assert!(r.succeeded(), "{}: {}", srv.name(), r.message);
+        assert_eq!(tier.stats().damaged_uploads, KEYS, "{}", srv.name());
+        let l = run(&tier, JobKind::Load, 2, &loads, &ids);
+        assert!(l.succeeded(), "{}: {}", srv.name(), l.message);
+        for i in 0..KEYS {
+            assert_eq!(
+                pool.block(KEYS + i),
+                pool.block(i),
+                "{}: key {i}",
+                srv.name()
+            );
+        }
+        // Every attempt damaged: every key fails, and nothing is stored.
+        proxy.set_rule(move |req| {
+            if req.method == "PUT" && req.path.starts_with(&block_prefix) {
+                Fault::CorruptRequestBody
+            } else {
+                Fault::Pass
+            }
+        });
+        let fresh: Vec<u64> = (1000..1000 + KEYS).collect();
+        let r = run(&tier, JobKind::Store, 3, &blocks, &fresh);
+        assert_eq!(
+            r.key_status,
+            vec![Status::Io; KEYS as usize],
+            "{}: {}",
+            srv.name(),
+            r.message
+        );
+        assert!(
+            r.message.contains("BadDigest") || r.message.contains("Mismatch"),
+            "{}",
+            r.message
+        );
+        proxy.set_rule(|_| Fault::Pass);
+        for &i in &fresh {
+            let name = tier.layout().object_name(&key(i)).unwrap();
+            assert!(
+                oob_get(&store, &name).is_none(),
+                "{}: {name} was stored",
+                srv.name()
+            );
+        }
+    } else {
+        // Reported stored, damaged in the store: found by the first load, never handed over.
+        assert!(r.succeeded(), "{}: {}", srv.name(), r.message);
+        let l = run(&tier, JobKind::Load, 2, &loads, &ids);
+        assert_eq!(
+            l.key_status,
+            vec![Status::Corrupt; KEYS as usize],
+            "{}: {}",
+            srv.name(),
+            l.message
+        );
+        assert_eq!(
+            resolve_lookup(&tier, 9, &key(0)),
+            LookupResult::Miss,
+            "{}",
+            srv.name()
+        );
+    }
+}
+
 on_both_servers!(
+    upload_damaged_in_transit_is_never_reported_stored,
     checksum_round_trips_as_metadata,
     tampered_object_fails_only_its_key,
     fail_and_delete_removes_corrupt_object,

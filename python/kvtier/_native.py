@@ -98,6 +98,7 @@ STATS_FIELDS = (
     "evicted_blocks",
     "evicted_bytes",
     "retries",
+    "damaged_uploads",
 )
 
 

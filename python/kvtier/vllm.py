@@ -241,6 +241,7 @@ TIER_KEYS = frozenset(
         "on_corrupt",
         "dedup",
         "known_keys_capacity",
+        "known_keys_ttl_ms",
         "eviction",
         "file_io_threads",
     }
@@ -489,9 +490,10 @@ STAT_HELP = {
     "dedup_already_stored": "Stores the object store answered as already present.",
     "direct_requests": "Requests sent on kvtier's direct HTTP path.",
     "direct_fallbacks": "Direct-path requests repeated through the general HTTP client.",
-    "evicted_blocks": "Blocks kvtier deleted to keep its namespace within its eviction budget or age.",
+    "evicted_blocks": "Blocks kvtier's eviction removed to keep its namespace within its budget or age (a block another tier deleted first counts too).",
     "evicted_bytes": "Bytes of the blocks kvtier deleted by eviction.",
     "retries": "Requests kvtier's storage client sent again after a 5xx or 429 answer or a transport error.",
+    "damaged_uploads": "Uploads the object store refused as damaged in transit (each sent again).",
 }
 METRIC_PREFIX = "vllm:kv_offload_kvtier_"
 JOBS_IN_FLIGHT_METRIC = METRIC_PREFIX + "jobs_in_flight"

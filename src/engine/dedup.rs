@@ -1,9 +1,16 @@
 //! What the tier remembers about keys, so that a block is uploaded once: keys known to be
 //! in the store, uploads in flight (later stores of the same key wait for them), keys
 //! found corrupt, and the checksums of this tier's own uploads.
+//!
+//! Everything here but the uploads in flight is a hint about the store, never the truth:
+//! other engines, `kvtier gc`, evictions and lifecycle rules delete blocks behind the
+//! tier's back. So a hint lasts `known_keys_ttl_ms` at most, and whatever shows the store
+//! without the key (a MISS, a load that finds nothing or the wrong length, a removal by this
+//! tier) forgets it at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -19,16 +26,14 @@ type UploadWaiters = Vec<oneshot::Sender<Result<()>>>;
 pub(crate) struct Dedup {
     /// Dedup mode in force (the configured one, or what the start-up probe allows).
     pub(crate) mode: DedupMode,
-    /// Most keys each set holds; a full set is cleared (it is a cache, never a truth).
-    capacity: usize,
-    /// Keys known to be in the store: not uploaded again.
-    known: Mutex<HashSet<Vec<u8>>>,
-    /// Keys whose objects two reads found corrupt: MISS for every lookup, and the next
-    /// store overwrites the object (no skip, no conditional PUT).
-    corrupt: Mutex<HashSet<Vec<u8>>>,
+    /// Keys known to be in the store: not uploaded again while the hint lasts.
+    known: Hints<()>,
+    /// Keys whose objects two reads found corrupt: MISS for every lookup while the hint
+    /// lasts, and the next store overwrites the object (no skip, no conditional PUT).
+    corrupt: Hints<()>,
     /// Checksums of the blocks this tier uploaded, for objects that come back without
     /// their recorded checksum (rewritten by another client).
-    uploaded_crc: Mutex<HashMap<Vec<u8>, u32>>,
+    uploaded_crc: Hints<u32>,
     /// Uploads in flight, with the stores of the same key waiting for them.
     uploads: Mutex<HashMap<Vec<u8>, UploadWaiters>>,
 }
@@ -37,32 +42,67 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn insert_bounded<K: std::hash::Hash + Eq, V>(
-    map: &mut HashMap<K, V>,
+/// Keys with a value and the time it was learnt, each good for `ttl`; a full map is
+/// cleared (it is a cache, never a truth).
+struct Hints<V> {
     capacity: usize,
-    key: K,
-    value: V,
-) {
-    if map.len() >= capacity {
-        map.clear();
+    ttl: Duration,
+    map: Mutex<HashMap<Vec<u8>, (Instant, V)>>,
+}
+
+impl<V: Copy> Hints<V> {
+    fn new(capacity: usize, ttl: Duration) -> Self {
+        Hints {
+            capacity,
+            ttl,
+            map: Mutex::default(),
+        }
     }
-    map.insert(key, value);
+
+    /// The key's value, unless it is unknown or older than the ttl (then it is dropped).
+    fn get(&self, key: &[u8]) -> Option<V> {
+        let mut map = lock(&self.map);
+        let &(learnt, value) = map.get(key)?;
+        if learnt.elapsed() < self.ttl {
+            return Some(value);
+        }
+        map.remove(key);
+        None
+    }
+
+    fn insert_all<'a>(&self, entries: impl IntoIterator<Item = (&'a [u8], V)>) {
+        if self.ttl.is_zero() || self.capacity == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut map = lock(&self.map);
+        for (key, value) in entries {
+            if map.len() >= self.capacity && !map.contains_key(key) {
+                map.clear();
+            }
+            map.insert(key.to_vec(), (now, value));
+        }
+    }
+
+    fn remove(&self, key: &[u8]) {
+        lock(&self.map).remove(key);
+    }
 }
 
 impl Dedup {
-    pub(crate) fn new(mode: DedupMode, capacity: usize) -> Self {
+    pub(crate) fn new(mode: DedupMode, capacity: usize, ttl: Duration) -> Self {
         Dedup {
             mode,
-            capacity,
-            known: Mutex::default(),
-            corrupt: Mutex::default(),
-            uploaded_crc: Mutex::default(),
+            known: Hints::new(capacity, ttl),
+            corrupt: Hints::new(capacity, ttl),
+            uploaded_crc: Hints::new(capacity, ttl),
             uploads: Mutex::default(),
         }
     }
 
+    /// Whether the store held the key, to this tier's knowledge, within the last ttl.
     pub(crate) fn is_known(&self, key: &[u8]) -> bool {
-        lock(&self.known).contains(key)
+        self.known.get(key).is_some()
     }
 
     pub(crate) fn remember(&self, key: &[u8]) {
@@ -74,47 +114,42 @@ impl Dedup {
         if self.mode == DedupMode::Off {
             return;
         }
-        let mut known = lock(&self.known);
-        for key in keys {
-            if known.len() >= self.capacity {
-                known.clear();
-            }
-            known.insert(key.to_vec());
-        }
+        self.known.insert_all(keys.into_iter().map(|k| (k, ())));
     }
 
+    /// The store was seen without the key (a MISS, a load that found nothing or the wrong
+    /// length, a removal): nothing this tier remembered about its object holds any more.
     pub(crate) fn forget(&self, key: &[u8]) {
-        lock(&self.known).remove(key);
+        self.known.remove(key);
+        self.uploaded_crc.remove(key);
+    }
+
+    /// [`forget`](Self::forget) for several keys.
+    pub(crate) fn forget_all<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) {
+        for key in keys {
+            self.forget(key);
+        }
     }
 
     pub(crate) fn mark_corrupt(&self, key: &[u8]) {
-        self.forget(key);
-        let mut corrupt = lock(&self.corrupt);
-        if corrupt.len() >= self.capacity {
-            corrupt.clear();
-        }
-        corrupt.insert(key.to_vec());
+        self.known.remove(key);
+        self.corrupt.insert_all([(key, ())]);
     }
 
     pub(crate) fn is_corrupt(&self, key: &[u8]) -> bool {
-        lock(&self.corrupt).contains(key)
+        self.corrupt.get(key).is_some()
     }
 
     pub(crate) fn repaired(&self, key: &[u8]) {
-        lock(&self.corrupt).remove(key);
+        self.corrupt.remove(key);
     }
 
     pub(crate) fn uploaded_crc(&self, key: &[u8]) -> Option<u32> {
-        lock(&self.uploaded_crc).get(key).copied()
+        self.uploaded_crc.get(key)
     }
 
     pub(crate) fn remember_upload(&self, key: &[u8], crc: u32) {
-        insert_bounded(
-            &mut lock(&self.uploaded_crc),
-            self.capacity,
-            key.to_vec(),
-            crc,
-        );
+        self.uploaded_crc.insert_all([(key, crc)]);
     }
 
     /// Registers an upload of `key`, or, if one is in flight, a waiter for its outcome.
@@ -161,5 +196,55 @@ pub(crate) async fn choose_mode(
             log::info!("{} does not honour conditional PUT; dedup falls back to skip_known", store.describe());
             Ok(DedupMode::SkipKnown)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hint_lasts_its_ttl_and_what_the_store_shows_ends_it() {
+        let ttl = Duration::from_millis(100);
+        let dedup = Dedup::new(DedupMode::SkipKnown, 10, ttl);
+        dedup.remember(b"a");
+        dedup.remember_upload(b"a", 7);
+        assert!(dedup.is_known(b"a"));
+        assert_eq!(dedup.uploaded_crc(b"a"), Some(7));
+        // A MISS or a load that found nothing: forgotten at once, checksum included.
+        dedup.forget(b"a");
+        assert!(!dedup.is_known(b"a"));
+        assert_eq!(dedup.uploaded_crc(b"a"), None);
+        // Time alone ends a hint (the property under test is the passing of time).
+        dedup.remember(b"b");
+        dedup.mark_corrupt(b"c");
+        let learnt = Instant::now();
+        assert!(dedup.is_known(b"b") || learnt.elapsed() >= ttl);
+        std::thread::sleep(ttl + Duration::from_millis(20));
+        assert!(!dedup.is_known(b"b"));
+        assert!(!dedup.is_corrupt(b"c"));
+    }
+
+    #[test]
+    fn no_memory_when_off_or_with_a_zero_ttl() {
+        let off = Dedup::new(DedupMode::Off, 10, Duration::from_secs(60));
+        off.remember(b"a");
+        assert!(!off.is_known(b"a"));
+        let zero = Dedup::new(DedupMode::Conditional, 10, Duration::ZERO);
+        zero.remember(b"a");
+        zero.mark_corrupt(b"b");
+        assert!(!zero.is_known(b"a"));
+        assert!(!zero.is_corrupt(b"b"));
+    }
+
+    #[test]
+    fn a_full_memory_starts_again() {
+        let dedup = Dedup::new(DedupMode::SkipKnown, 2, Duration::from_secs(60));
+        dedup.remember_all([&b"a"[..], b"b"]);
+        dedup.remember(b"a"); // known already: no room needed
+        assert!(dedup.is_known(b"a") && dedup.is_known(b"b"));
+        dedup.remember(b"c");
+        assert!(dedup.is_known(b"c"));
+        assert!(!dedup.is_known(b"a") && !dedup.is_known(b"b"));
     }
 }

@@ -234,14 +234,18 @@ fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdic
     for group in groups {
         let checks: Vec<Verdict> = verdicts.by_ref().take(group.probes.len()).collect();
         let group_failed = checks.len() < group.probes.len() || checks.iter().any(|c| c.is_err());
-        shared.dedup.remember_all(
+        // What the store answered replaces what the tier remembered: a HIT renews the key's
+        // hint, a MISS forgets it (deleted behind the tier's back), a failed check neither.
+        let verdict_of = |want: bool| {
             group
                 .probes
                 .iter()
                 .zip(&checks)
-                .filter(|(_, found)| **found == Ok(true))
-                .map(|(probe, _)| &*probe.key),
-        );
+                .filter(move |(_, found)| **found == Ok(want))
+                .map(|(probe, _)| &*probe.key)
+        };
+        shared.dedup.remember_all(verdict_of(true));
+        shared.dedup.forget_all(verdict_of(false));
         let mut checks = checks.into_iter();
         answers.extend(group.probes.into_iter().map(|probe| Answer {
             found: !group_failed && checks.next() == Some(Ok(true)),

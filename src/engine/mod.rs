@@ -32,7 +32,7 @@ use crate::config::{StoreConfig, TierConfig};
 use crate::error::{panic_message, Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
 use crate::pool::HostPool;
-use crate::store::{ProbeOutcome, Store};
+use crate::store::{ProbeOutcome, Store, UploadCheck};
 use dedup::Dedup;
 use jobs::{failed_result, JobTable, Phase, ReadyFd};
 use lookup::{Answer, LookupTable};
@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     layout: KeyLayout,
     config: TierConfig,
     probe: ProbeOutcome,
+    /// Whether the store refuses an upload damaged in transit (probed at start).
+    upload_check: UploadCheck,
     pool: OnceLock<HostPool>,
     transfer_permits: Semaphore,
     lookup_permits: Semaphore,
@@ -155,6 +157,7 @@ impl Tier {
         let probe_name = layout.probe_name();
         let probe = runtime.block_on(store.probe(&probe_name))?;
         let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
+        let upload_check = runtime.block_on(store.checks_uploads(&probe_name));
         let store = Arc::new(store);
         let (lookup_runtime, lookup_store) = if config.separate_lookup_lane
             && !matches!(config.store, StoreConfig::Local(_) | StoreConfig::Memory(_))
@@ -174,9 +177,14 @@ impl Tier {
             layout,
             transfer_permits: Semaphore::new(config.max_inflight_transfers),
             lookup_permits: Semaphore::new(config.max_inflight_lookups),
-            dedup: Dedup::new(dedup_mode, config.known_keys_capacity),
+            dedup: Dedup::new(
+                dedup_mode,
+                config.known_keys_capacity,
+                std::time::Duration::from_millis(config.known_keys_ttl_ms),
+            ),
             config,
             probe,
+            upload_check,
             pool: OnceLock::new(),
             table: Mutex::new(JobTable::default()),
             table_changed: Condvar::new(),
@@ -219,6 +227,12 @@ impl Tier {
     /// The store the tier writes to and reads from.
     pub fn store(&self) -> &Store {
         &self.shared.store
+    }
+
+    /// Whether the store refuses an upload whose body was damaged in transit, as the
+    /// start-up probe found.
+    pub fn upload_check(&self) -> UploadCheck {
+        self.shared.upload_check
     }
 
     /// The dedup mode in force: the configured one, or `SkipKnown` where the start-up
@@ -593,6 +607,7 @@ impl Tier {
             snapshot.direct_requests += direct.requests;
             snapshot.direct_fallbacks += direct.fallbacks;
             snapshot.retries += store.retries();
+            snapshot.damaged_uploads += store.damaged_uploads();
         }
         snapshot
     }

@@ -61,9 +61,10 @@ counters! {
     dedup_already_stored: "Store keys the store already held (conditional PUT answered 412).",
     direct_requests: "Loads and existence checks sent on the direct HTTP path (`store.direct_http`).",
     direct_fallbacks: "Of those, the ones repeated through the general HTTP client after an unexpected answer or a transport error.",
-    evicted_blocks: "Blocks deleted by eviction (the namespace's byte budget or maximum age).",
-    evicted_bytes: "Bytes of the blocks deleted by eviction.",
+    evicted_blocks: "Blocks this tier's eviction removed (the namespace's byte budget or maximum age), counting a block another tier or gc deleted first: S3 answers a delete of a missing object as done.",
+    evicted_bytes: "Bytes of the blocks this tier's eviction removed.",
     retries: "Requests to the store sent again after a 5xx or 429 answer or a transport error (the storage client's retries and kvtier's own).",
+    damaged_uploads: "Uploads the store refused because the body it received failed the request's checksum (damaged in transit); each is sent again, up to max_retries times.",
 }
 
 /// A snapshot of the tier's counters. Counters are only ever appended, never renumbered.
@@ -97,13 +98,18 @@ pub struct StatsSnapshot {
     /// Of those, the ones repeated through the general HTTP client after an unexpected
     /// answer or a transport error.
     pub direct_fallbacks: u64,
-    /// Blocks deleted by eviction (the namespace's byte budget or maximum age).
+    /// Blocks this tier's eviction removed (the namespace's byte budget or maximum age),
+    /// counting a block another tier or gc deleted first: S3 answers a delete of a missing
+    /// object as done.
     pub evicted_blocks: u64,
-    /// Bytes of the blocks deleted by eviction.
+    /// Bytes of the blocks this tier's eviction removed.
     pub evicted_bytes: u64,
     /// Requests to the store sent again after a 5xx or 429 answer or a transport error
     /// (the storage client's retries and kvtier's own).
     pub retries: u64,
+    /// Uploads the store refused because the body it received failed the request's
+    /// checksum (damaged in transit); each is sent again, up to max_retries times.
+    pub damaged_uploads: u64,
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use object_store::path::Path;
+use object_store::ObjectStoreExt;
 
 use super::DynStore;
 use crate::error::{Error, Status};
@@ -206,33 +207,80 @@ pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
     })
 }
 
-/// `put_opts`, repeated on a timeout or a cut connection when `options` is a create
-/// (`PutMode::Create`), up to `retries` times with exponential backoff and jitter, as
-/// `object_store` does for the requests it repeats itself. A repeat answered 412 comes
-/// back as `AlreadyExists`: the object is in the store.
+/// Whether the server refused a PUT because the body it received does not match the
+/// request's checksum (or signed payload hash): the body was damaged on the way, and
+/// nothing was stored. S3 answers `BadDigest` (checksum headers, Content-MD5) or
+/// `XAmzContentSHA256Mismatch` (a signed payload); Azure `Md5Mismatch`/`Crc64Mismatch`.
+pub(crate) fn is_damaged_body(error: &object_store::Error) -> bool {
+    let text = error_chain(error);
+    matches!(
+        s3_error_code(&text),
+        Some(
+            "BadDigest"
+                | "InvalidDigest"
+                | "XAmzContentSHA256Mismatch"
+                | "XAmzContentChecksumMismatch"
+                | "Md5Mismatch"
+                | "Crc64Mismatch"
+        )
+    )
+}
+
+/// `put_opts`, repeated up to `retries` times with exponential backoff and jitter, as
+/// `object_store` does for the requests it repeats itself, when the server refused the body
+/// as damaged in transit (counted in `damaged`), and, for a create (`PutMode::Create`), on
+/// a timeout or a cut connection, which `object_store` does not repeat for a PUT it deems
+/// not idempotent. A repeated create answered 412 comes back as `AlreadyExists`: the object
+/// is in the store.
 pub(super) async fn put_with_retries(
     store: &DynStore,
     path: &Path,
     payload: object_store::PutPayload,
     options: object_store::PutOptions,
     retries: usize,
+    damaged: &std::sync::atomic::AtomicU64,
 ) -> object_store::Result<object_store::PutResult> {
-    let create = matches!(options.mode, object_store::PutMode::Create);
+    let mut options = options;
     let mut attempt = 0;
     loop {
-        match store.put_opts(path, payload.clone(), options.clone()).await {
-            Err(e) if create && attempt < retries && is_interrupted(&e) => {
-                attempt += 1;
-                let backoff = retry_backoff(attempt);
-                log::info!(
-                    "conditional PUT {path} interrupted ({}); retry {attempt} of {retries} in {} ms",
-                    error_chain(&e),
-                    backoff.as_millis()
-                );
-                tokio::time::sleep(backoff).await;
+        let create = matches!(options.mode, object_store::PutMode::Create);
+        let outcome = store.put_opts(path, payload.clone(), options.clone()).await;
+        let why = match &outcome {
+            Err(e) if is_damaged_body(e) => {
+                damaged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // A server may keep the body it refused (s3s-fs 0.14 writes it, without its
+                // metadata, before it compares checksums): a conditional repeat would find
+                // that object and answer 412 over damaged bytes. The repeat overwrites.
+                options.mode = object_store::PutMode::Overwrite;
+                if attempt >= retries {
+                    // Gone rather than damaged and unchecked: a reader of an object without
+                    // a recorded checksum checks only its length.
+                    if let Err(e) = store.delete(path).await {
+                        log::debug!(
+                            "deleting {path} after its refused uploads: {}",
+                            error_chain(&e)
+                        );
+                    }
+                    return outcome;
+                }
+                "refused as damaged in transit"
             }
-            outcome => return outcome,
+            Err(e) if create && is_interrupted(e) => "interrupted",
+            _ => return outcome,
+        };
+        if attempt >= retries {
+            return outcome;
         }
+        attempt += 1;
+        let backoff = retry_backoff(attempt);
+        if let Err(e) = &outcome {
+            log::info!(
+                "PUT {path} {why} ({}); retry {attempt} of {retries} in {} ms",
+                error_chain(e),
+                backoff.as_millis()
+            );
+        }
+        tokio::time::sleep(backoff).await;
     }
 }
 

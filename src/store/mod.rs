@@ -78,6 +78,8 @@ pub struct Store {
     max_retries: usize,
     direct_requests: AtomicU64,
     direct_fallbacks: AtomicU64,
+    /// PUTs the server refused because the body it received failed the request's checksum.
+    damaged_uploads: AtomicU64,
     /// Requests the HTTP client repeated (none for the local and memory stores).
     retries: Option<Arc<http_options::RetryLedger>>,
 }
@@ -195,6 +197,7 @@ impl Store {
             max_retries,
             direct_requests: AtomicU64::new(0),
             direct_fallbacks: AtomicU64::new(0),
+            damaged_uploads: AtomicU64::new(0),
             retries,
         })
     }
@@ -214,6 +217,12 @@ impl Store {
             requests: self.direct_requests.load(Ordering::Relaxed),
             fallbacks: self.direct_fallbacks.load(Ordering::Relaxed),
         }
+    }
+
+    /// PUTs the server refused as damaged in transit (each sent again, up to
+    /// `max_retries` times).
+    pub(crate) fn damaged_uploads(&self) -> u64 {
+        self.damaged_uploads.load(Ordering::Relaxed)
     }
 
     /// Requests the store's HTTP client sent again after a 5xx or 429 answer or a
@@ -320,14 +329,16 @@ impl Store {
             attributes,
             ..Default::default()
         };
-        // A conditional PUT cut short by a timeout or a reset is repeated here: object_store
-        // repeats only PUTs it deems idempotent, and a repeat that finds the object is a 412.
+        // A body the server refused as damaged in transit, and a conditional PUT cut short by
+        // a timeout or a reset, are repeated here: object_store repeats neither (a 400, and
+        // a PUT it deems not idempotent); a repeat that finds the object is a 412.
         match classify::put_with_retries(
             &self.client,
             path,
             PutPayload::from_bytes(body),
             options,
             self.max_retries,
+            &self.damaged_uploads,
         )
         .await
         {
@@ -547,6 +558,29 @@ impl Store {
     pub async fn honours_conditional_put(&self, probe_name: &str) -> bool {
         probe::honours_conditional_put(self, probe_name).await
     }
+
+    /// Whether the store refuses an upload whose body was damaged on the way, asked with
+    /// an object named after `probe_name`: see [`UploadCheck`].
+    pub async fn checks_uploads(&self, probe_name: &str) -> UploadCheck {
+        match self.backend {
+            Backend::Local { .. } | Backend::Memory => UploadCheck::NoNetwork,
+            _ => probe::checks_uploads(self, probe_name).await,
+        }
+    }
+}
+
+/// Whether a store refuses an upload whose body was damaged between the tier and the
+/// server (a flipped bit past TCP's checksum, a bad middlebox or NIC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadCheck {
+    /// The server verified the request's checksum (or signed payload hash) and refused the
+    /// probe's damaged body: such an upload is sent again, never stored.
+    Verified,
+    /// The server stored the probe's damaged body: a block damaged in transit is stored,
+    /// and found only by a later load's CRC32C check (which fails the key and reads MISS).
+    NotVerified,
+    /// The local directory and the in-memory store: no network between tier and store.
+    NoNetwork,
 }
 
 fn describe(config: &StoreConfig) -> String {

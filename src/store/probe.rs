@@ -3,7 +3,12 @@
 
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::classify::{classify, error_chain, s3_error_code, tls_problem, TlsProblem};
+use super::http_options::DamagedBody;
+use super::UploadCheck;
+
+use super::classify::{
+    classify, error_chain, is_damaged_body, s3_error_code, tls_problem, TlsProblem,
+};
 use super::{object_path, Backend, Store};
 use crate::error::{Error, Result, Status};
 
@@ -257,4 +262,52 @@ pub(super) async fn honours_conditional_put(store: &Store, probe_name: &str) -> 
         }
     }
     honoured
+}
+
+/// Whether the server refuses a body damaged in transit: a PUT whose body the client's
+/// connector replaces, after the checksum headers were computed and the request signed, by
+/// other bytes of the same length (one flipped byte). A refusal as damaged proves the check;
+/// a stored body disproves it; any other failure (a principal that may not write there) is
+/// not proof, and counts as not verified. The object sits beside the probe key, as the
+/// conditional-PUT probe's does, and is deleted after.
+pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadCheck {
+    const BODY: &[u8] = b"kvtier upload check";
+    const DAMAGED: &[u8] = b"kvtier upload checl";
+    let path = object_path(&format!("{probe_name}-upload-check"));
+    let client = &store.client;
+    let mut options = PutOptions::default();
+    options
+        .extensions
+        .insert(DamagedBody(bytes::Bytes::from_static(DAMAGED)));
+    let check = match client
+        .put_opts(&path, PutPayload::from_static(BODY), options)
+        .await
+    {
+        Err(e) if is_damaged_body(&e) => {
+            // Some servers keep the body they refused (s3s-fs 0.14 does).
+            let _ = client.delete(&path).await;
+            UploadCheck::Verified
+        }
+        Err(e) => {
+            log::debug!(
+                "{}: the upload-check probe failed ({}); counting its uploads as not verified",
+                store.describe(),
+                error_chain(&e)
+            );
+            UploadCheck::NotVerified
+        }
+        Ok(_) => {
+            let _ = client.delete(&path).await;
+            UploadCheck::NotVerified
+        }
+    };
+    if check == UploadCheck::NotVerified {
+        log::info!(
+            "{} stores an upload whose body was damaged in transit (it verifies neither \
+             the request's checksum nor its payload hash): such a block is found only by a later \
+             load's CRC32C check",
+            store.describe()
+        );
+    }
+    check
 }

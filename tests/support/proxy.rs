@@ -4,7 +4,7 @@
 //! framing (Content-Length and chunked), keeps connections alive like a real server, and
 //! asks a rule what to do with each request: pass it, delay it, answer an error itself,
 //! drop the connection mid-request, drop or stall the answer after the server acted,
-//! cut, shorten or corrupt the response body, answer as a server that ignores Range, or
+//! corrupt the request body, cut, shorten or corrupt the response body, answer as a server that ignores Range, or
 //! turn the server's 404 into a 403 AccessDenied (a principal without ListBucket).
 //!
 //! Threads, not async: one per connection, all of them ended by dropping the proxy.
@@ -47,6 +47,9 @@ pub enum Fault {
     /// Forward; flip one byte of the response body, at an offset that differs from request
     /// to request (in-transit corruption; the stored object is intact).
     CorruptBody,
+    /// Flip one byte of the request body on its way to the server, at an offset that
+    /// differs from request to request (an upload damaged in transit).
+    CorruptRequestBody,
     /// Forward; answer a 206 as a server that ignores Range would: `200 OK` without
     /// Content-Range, same body (true to life when the range covers the whole object).
     IgnoreRange,
@@ -69,6 +72,7 @@ impl Fault {
             Fault::DropResponse => "drop_response",
             Fault::StallResponse(_) => "stall_response",
             Fault::CorruptBody => "corrupt_body",
+            Fault::CorruptRequestBody => "corrupt_request_body",
             Fault::IgnoreRange => "ignore_range",
             Fault::Short200 => "short_200",
         }
@@ -511,6 +515,10 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
         // server had closed the idle one (a proxy artefact, not a fault to inject).
         let mut body = Vec::new();
         copy_body(&mut from_client, &mut body, framing)?;
+        if fault == Fault::CorruptRequestBody && !body.is_empty() {
+            let at = (info.seq as usize).wrapping_mul(7919) % body.len();
+            body[at] ^= 0x5a;
+        }
         let mut attempt = 0;
         let response = loop {
             attempt += 1;

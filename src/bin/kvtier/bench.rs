@@ -507,7 +507,19 @@ fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
         std::hint::black_box(crc_fast::crc32_iscsi(std::hint::black_box(chunk)));
     }
     let hot = (thread_cpu() - t0) / gib(rounds * chunk.len());
-    let checksum_cpu_per_gib = (cold, hot);
+    // The upload checksum S3 servers verify (CRC64NVME, computed by the storage client just
+    // after kvtier's CRC32C of the same block): its price per block, right after that pass.
+    let mut upload_crc_cpu = 0.0;
+    for block in pool[..n * bs].chunks(bs) {
+        std::hint::black_box(crc_fast::crc32_iscsi(block));
+        let t0 = thread_cpu();
+        std::hint::black_box(crc_fast::checksum(
+            crc_fast::CrcAlgorithm::Crc64Nvme,
+            std::hint::black_box(block),
+        ));
+        upload_crc_cpu += thread_cpu() - t0;
+    }
+    let checksum_cpu_per_gib = (cold, hot, upload_crc_cpu / gib(n * bs));
     for p in &mut phases {
         p.latencies_ms.sort_by(|a, b| a.total_cmp(b));
     }
@@ -530,7 +542,7 @@ fn print_report(
     (peak_rss_start, peak_rss_end): (u64, u64),
     soak: &Soak,
     tier: &Tier,
-    checksum_cpu_per_gib: (f64, f64),
+    checksum_cpu_per_gib: (f64, f64, f64),
 ) {
     let stats = tier.stats();
     if o.store.json() {
@@ -561,6 +573,7 @@ fn print_report(
                 "dedup_joined": stats.dedup_joined, "dedup_already_stored": stats.dedup_already_stored,
                 "direct_requests": stats.direct_requests, "direct_fallbacks": stats.direct_fallbacks,
                 "checksum_cpu_s_per_gib_cold": checksum_cpu_per_gib.0,
+                "upload_checksum_cpu_s_per_gib": checksum_cpu_per_gib.2,
                 "checksum_cpu_s_per_gib_in_cache": checksum_cpu_per_gib.1,
             })
         );
@@ -634,6 +647,11 @@ fn print_report(
         if o.checksums { "" } else { ", off in this run" },
         checksum_cpu_per_gib.0,
         checksum_cpu_per_gib.1
+    );
+    println!(
+        "  upload checksum (CRC64NVME, x-amz-checksum-crc64nvme, S3 stores): {:.3} CPU-s/GiB, \
+         each block right after its CRC32C; damaged uploads refused: {}",
+        checksum_cpu_per_gib.2, stats.damaged_uploads
     );
     println!(
         "  dedup: {} (known {}, joined {}, already stored {}); direct path: {} requests, {} fallbacks",

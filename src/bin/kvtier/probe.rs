@@ -14,7 +14,7 @@ use bytes::Bytes;
 use clap::Args;
 use kvtier::config::{DedupMode, S3Config, StoreConfig};
 use kvtier::key::KeyLayout;
-use kvtier::store::{error_chain, object_path, ProbeOutcome, Store};
+use kvtier::store::{error_chain, object_path, ProbeOutcome, Store, UploadCheck};
 use kvtier::{Status, TierConfig};
 use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::json;
@@ -298,6 +298,11 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
         checksums,
     );
     report.push(
+        "upload_check",
+        "damaged uploads refused",
+        upload_check(store, config, probe_name, scratch).await,
+    );
+    report.push(
         "latency",
         "small-request latency",
         latency(store, probe_name, missing_is_forbidden, scratch).await,
@@ -447,6 +452,27 @@ async fn conditional_put(
         (false, Some(_)) => problem(
             "a second create of one object was not refused; the configuration does not use conditional dedup".into(),
         ),
+    }
+}
+
+/// Whether the server refuses an upload whose body was damaged in transit.
+async fn upload_check(store: &Store, config: &TierConfig, probe_name: &str, run: bool) -> Outcome {
+    if !run {
+        return Ok(String::new());
+    }
+    let signed = matches!(&config.store, StoreConfig::S3(s3) if s3.payload_signing);
+    match store.checks_uploads(probe_name).await {
+        UploadCheck::Verified => Ok(format!(
+            "a PUT whose body was damaged on the way was refused ({}): such an upload is sent again, never stored",
+            if signed { "payload_signing: the body's SHA-256" } else { "the body's checksum, x-amz-checksum-crc64nvme" }
+        )),
+        UploadCheck::NotVerified => problem(
+            "a PUT whose body was damaged on the way was stored: this server verifies neither the request's checksum \
+             nor its payload hash, so a block damaged in transit is stored and found only by a later load's CRC32C \
+             check (the key then fails Corrupt and answers MISS)"
+                .into(),
+        ),
+        UploadCheck::NoNetwork => Ok("no network between tier and store".into()),
     }
 }
 
