@@ -261,7 +261,8 @@ typedef struct kvt_stats {
   uint64_t existence_check_errors;
   // Loads whose bytes did not match the recorded checksum.
   uint64_t corrupt_blocks;
-  // Store keys skipped because the tier knew the store holds them.
+  // Store keys skipped without asking the store: the tier stored or found them within
+  // known_keys_ttl_ms.
   uint64_t dedup_known;
   // Store keys that waited for a concurrent upload of the same key instead of uploading.
   uint64_t dedup_joined;

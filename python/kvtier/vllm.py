@@ -485,7 +485,7 @@ STAT_HELP = {
     "existence_checks": "Existence checks kvtier sent to the object store.",
     "existence_check_errors": "Existence checks that failed (answered MISS).",
     "corrupt_blocks": "Loaded blocks whose checksum did not match (failed, never returned).",
-    "dedup_known": "Stores skipped because the key was known to be stored.",
+    "dedup_known": "Stores skipped without asking the object store: stored or found within known_keys_ttl_ms.",
     "dedup_joined": "Stores that joined an identical store already in flight.",
     "dedup_already_stored": "Stores the object store answered as already present.",
     "direct_requests": "Requests sent on kvtier's direct HTTP path.",

@@ -56,7 +56,7 @@ counters! {
     existence_checks: "Existence checks (HEAD requests) sent to the store.",
     existence_check_errors: "Existence checks that failed (neither found nor absent).",
     corrupt_blocks: "Loads whose bytes did not match the recorded checksum.",
-    dedup_known: "Store keys skipped because the tier knew the store holds them.",
+    dedup_known: "Store keys skipped without asking the store: the tier stored or found them within known_keys_ttl_ms.",
     dedup_joined: "Store keys that waited for a concurrent upload of the same key instead of uploading.",
     dedup_already_stored: "Store keys the store already held (conditional PUT answered 412).",
     direct_requests: "Loads and existence checks sent on the direct HTTP path (`store.direct_http`).",
@@ -87,7 +87,8 @@ pub struct StatsSnapshot {
     pub existence_check_errors: u64,
     /// Loads whose bytes did not match the recorded checksum.
     pub corrupt_blocks: u64,
-    /// Store keys skipped because the tier knew the store holds them.
+    /// Store keys skipped without asking the store: the tier stored or found them within
+    /// known_keys_ttl_ms.
     pub dedup_known: u64,
     /// Store keys that waited for a concurrent upload of the same key instead of uploading.
     pub dedup_joined: u64,
