@@ -181,22 +181,14 @@ impl LocalFiles {
         if missing.is_empty() {
             return Ok(());
         }
-        let created = if known_missing {
-            std::fs::create_dir_all(dir)
+        if known_missing {
+            make_dir(&self.root, dir)?;
         } else {
-            missing
-                .iter()
-                .rev()
-                .try_for_each(|d| match std::fs::create_dir(d) {
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => Ok(()),
-                    other => other,
-                })
-        };
-        match created {
-            Ok(()) => {}
-            // A cached ancestor was removed: create the whole chain.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::create_dir_all(dir)?,
-            Err(e) => return Err(e),
+            // A cached ancestor that was removed makes its child's mkdir fail with ENOENT:
+            // make_dir then makes the chain.
+            for d in missing.iter().rev() {
+                make_dir(&self.root, d)?;
+            }
         }
         let mut made = self.made_dirs.lock().unwrap_or_else(|p| p.into_inner());
         if made.len() + missing.len() > MAX_REMEMBERED_DIRS {
@@ -225,14 +217,18 @@ impl LocalFiles {
                 }
                 options.open(&temp)
             };
-            let opened = match open(direct) {
-                // The directory was removed under the cache (by `kvtier gc`, or by hand).
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    self.ensure_dir(dir, true)?;
-                    open(direct)
+            let mut opened = open(direct);
+            // The directory was removed under the cache (by `kvtier gc` or an eviction
+            // emptying it, or by hand), maybe again right after it was made.
+            for _ in 0..ATTEMPTS {
+                match &opened {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        self.ensure_dir(dir, true)?;
+                        opened = open(direct);
+                    }
+                    _ => break,
                 }
-                other => other,
-            };
+            }
             return match opened {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt + 1 < ATTEMPTS => {
                     attempt += 1;
@@ -554,6 +550,35 @@ impl std::fmt::Debug for LocalFiles {
     }
 }
 
+/// Makes `dir` and whatever ancestors below `root` it lacks. Other processes delete
+/// directories here at any moment (`kvtier gc` and eviction remove a directory they empty),
+/// so a directory found existing may be gone the next instant, and a parent just made may
+/// be removed before its child is: each such loss is made good again, a few times at most.
+fn make_dir(root: &FsPath, dir: &FsPath) -> io::Result<()> {
+    const ATTEMPTS: usize = 8;
+    let mut last = None;
+    for _ in 0..ATTEMPTS {
+        match std::fs::create_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if dir.is_dir() {
+                    return Ok(());
+                }
+                last = Some(e); // removed between the mkdir and the check, or not a directory
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match dir.parent().filter(|p| *p != root && p.starts_with(root)) {
+                    Some(parent) => make_dir(root, parent)?,
+                    None => return Err(e), // the root itself is missing
+                }
+                last = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("the directory could not be made")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,6 +678,51 @@ mod tests {
         assert_eq!(
             std::fs::read(dir.path().join("g")).unwrap(),
             b"not a directory"
+        );
+    }
+
+    #[test]
+    fn stores_succeed_while_another_process_removes_emptied_directories() {
+        // gc and eviction delete objects and then their emptied directories, at any moment
+        // between a store's mkdir, its check and its open: every store still succeeds.
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path(), false, FsyncPolicy::None);
+        // A few removals of the emptied directories race each store (as gc deletions do),
+        // wherever they land in it.
+        const STORES: u64 = 2_000;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let remover = {
+            let (root, done) = (dir.path().to_path_buf(), done.clone());
+            std::thread::spawn(move || {
+                let mut removed = 0u64;
+                let mut seen = 0;
+                while seen < STORES {
+                    // Up to three removals during one store, wherever they land in it.
+                    let mut this_store = 0;
+                    while done.load(Ordering::Acquire) == seen {
+                        for d in ["s/t", "s"] {
+                            // Only empty directories go, as object_store's cleanup does.
+                            if this_store < 3 && std::fs::remove_dir(root.join(d)).is_ok() {
+                                this_store += 1;
+                            }
+                        }
+                    }
+                    removed += this_store;
+                    seen = done.load(Ordering::Acquire);
+                }
+                removed
+            })
+        };
+        for i in 0..STORES {
+            let name = format!("s/t/k{i}");
+            f.write(&name, b"x", false, false)
+                .unwrap_or_else(|e| panic!("store {i}: {}", e.message));
+            std::fs::remove_file(dir.path().join(&name)).unwrap();
+            done.store(i + 1, Ordering::Release);
+        }
+        assert!(
+            remover.join().unwrap() > 0,
+            "the remover never raced the stores"
         );
     }
 
