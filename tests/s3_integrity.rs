@@ -19,6 +19,19 @@ fn start(store: serde_json::Value, extra: serde_json::Value) -> Tier {
     Tier::from_json(&tier_json(store, extra)).unwrap_or_else(|e| panic!("tier start failed: {e}"))
 }
 
+/// A new bucket of `srv`, a proxy in front of the server, and the `store` section that
+/// reaches the bucket through the proxy.
+fn behind_a_proxy(srv: &Server) -> (String, Proxy, serde_json::Value) {
+    let bucket = srv.new_bucket();
+    let proxy = Proxy::start(srv.port());
+    let store = with(
+        srv.store_json(&bucket),
+        "endpoint_override",
+        json!(proxy.endpoint()),
+    );
+    (bucket, proxy, store)
+}
+
 fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvtier::JobResult {
     let _ = tier.submit(kind, id, blocks, keys(ids));
     wait_all(tier, 1).remove(&id).unwrap()
@@ -234,13 +247,7 @@ fn other_block_size_fails_by_length(srv: &Server) {
 
 /// N stores of one key from two tier instances, through a counting proxy: one upload.
 fn dedup_uploads_once_across_tiers(srv: &Server) {
-    let bucket = srv.new_bucket();
-    let proxy = Proxy::start(srv.port());
-    let store = with(
-        srv.store_json(&bucket),
-        "endpoint_override",
-        json!(proxy.endpoint()),
-    );
+    let (bucket, proxy, store) = behind_a_proxy(srv);
     let name = {
         let probe = start(store.clone(), json!({}));
         probe.layout().object_name(&key(9)).unwrap()
@@ -296,13 +303,7 @@ fn upload_damaged_in_transit_is_never_reported_stored(srv: &Server) {
 
 fn upload_damaged_in_transit(srv: &Server, dedup: serde_json::Value) {
     const KEYS: u64 = 40;
-    let bucket = srv.new_bucket();
-    let proxy = Proxy::start(srv.port());
-    let store = with(
-        srv.store_json(&bucket),
-        "endpoint_override",
-        json!(proxy.endpoint()),
-    );
+    let (bucket, proxy, store) = behind_a_proxy(srv);
     let ids: Vec<u64> = (0..KEYS).collect();
     let blocks: Vec<u64> = (0..KEYS).collect();
     let block_prefix = format!("/{bucket}/kv/");
