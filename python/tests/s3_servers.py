@@ -73,6 +73,47 @@ def _find(binary: str, *candidates: Path) -> str:
     return found
 
 
+def _server_on(port: int, program: str) -> subprocess.Popen | None:
+    for child in _children:
+        args = [str(a) for a in child.args]
+        if Path(args[0]).name == program and str(port) in args and child.poll() is None:
+            return child
+    return None
+
+
+def restartable(store_config: dict) -> bool:
+    """Whether ``restart`` can take the server of ``store_config`` down and bring it back
+    with its data: s3s-fs (its objects are files). moto and Ceph RGW keep theirs in memory."""
+    endpoint = store_config.get("endpoint_override", "")
+    port = endpoint.rsplit(":", 1)[1] if ":" in endpoint else ""
+    return port.isdigit() and _server_on(int(port), "s3s-fs") is not None
+
+
+def restart(store_config: dict, down_s: float, deadline_s: float = 90.0) -> None:
+    """Kills the session's s3s-fs serving ``store_config``, and after ``down_s`` starts the
+    same program on the same port and data directory, returning once it answers."""
+    port = int(store_config["endpoint_override"].rsplit(":", 1)[1])
+    old = _server_on(port, "s3s-fs")
+    assert old is not None, f"no s3s-fs of this session on port {port}"
+    old.kill()
+    old.wait()
+    time.sleep(down_s)  # the outage's length: the fault itself, not a synchronisation
+    log = open(Path(tempfile.gettempdir()) / f"kvtier-s3s-fs-{port}-restarted.log", "ab")
+    deadline = time.monotonic() + deadline_s
+    while True:
+        child = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT)
+        while child.poll() is None and time.monotonic() < deadline:
+            try:
+                _request(port, "GET", "/")
+                break
+            except OSError:
+                time.sleep(0.02)
+        if child.poll() is None:
+            break
+        assert time.monotonic() < deadline, f"s3s-fs did not come back on port {port}"
+    _children[_children.index(old)] = child  # killed with the session's servers
+
+
 @atexit.register
 def _stop_all() -> None:
     for child in _children:

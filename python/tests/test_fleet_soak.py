@@ -375,20 +375,6 @@ class Relay:
             self._drop(s)
 
 
-def _s3s_fs_child(store_config: dict):
-    """The session's s3s-fs process serving ``store_config`` (python/tests/s3_servers.py)."""
-    servers = sys.modules.get("s3_servers")
-    endpoint = store_config.get("endpoint_override", "")
-    if servers is None or ":" not in endpoint:
-        return None, None
-    port = endpoint.rsplit(":", 1)[1]
-    for child in servers._children:
-        args = [str(a) for a in child.args]
-        if Path(args[0]).name == "s3s-fs" and port in args and child.poll() is None:
-            return servers, child
-    return None, None
-
-
 class Outage:
     """Takes the store's server down for OUTAGE_S once and brings it back; ``window`` is
     (down, up) in wall-clock seconds. ``store_config`` is what every process must use."""
@@ -398,11 +384,12 @@ class Outage:
         self.store_config = dict(store_config)
         self.window: tuple[float, float] | None = None
         self._relay: Relay | None = None
-        self._servers = self._child = None
+        self._restart = False
         if kind == "local":
             return
-        self._servers, self._child = _s3s_fs_child(store_config)
-        if self._child is not None:
+        servers = sys.modules.get("s3_servers")
+        if servers is not None and servers.restartable(store_config):
+            self._restart = True
             self.kind = "s3s-fs restarted"
             return
         endpoint = store_config.get("endpoint_override") or ""
@@ -418,40 +405,16 @@ class Outage:
         self.kind = "relay stopped and restarted"
 
     def happen(self) -> None:
-        if self._relay is None and self._child is None:
+        if self._relay is None and not self._restart:
             return
-        hold = threading.Event()
         down = time.time()
         if self._relay is not None:
             self._relay.stop()
-            hold.wait(OUTAGE_S)
+            threading.Event().wait(OUTAGE_S)  # the outage's length: the fault itself
             self._relay.start()
         else:
-            self._restart_s3s_fs(hold)
+            sys.modules["s3_servers"].restart(self.store_config, OUTAGE_S, DEADLINE_S)
         self.window = (down, time.time())
-
-    def _restart_s3s_fs(self, hold: threading.Event) -> None:
-        old = self._child
-        old.kill()
-        old.wait()
-        hold.wait(OUTAGE_S)
-        port = int(self.store_config["endpoint_override"].rsplit(":", 1)[1])
-        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"kvtier-s3s-fs-{port}-restarted.log", "ab")
-        deadline = time.monotonic() + DEADLINE_S
-        while True:  # same program, port and data directory
-            child = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT)
-            while child.poll() is None and time.monotonic() < deadline:
-                try:
-                    self._servers._request(port, "GET", "/")
-                    break
-                except OSError:
-                    hold.wait(0.02)
-            if child.poll() is None:
-                break
-            assert time.monotonic() < deadline, f"s3s-fs did not come back on port {port}"
-        children = self._servers._children
-        children[children.index(old)] = child  # killed with the session's servers
-        self._child = child
 
     def close(self) -> None:
         if self._relay is not None:
