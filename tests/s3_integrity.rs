@@ -414,3 +414,42 @@ on_both_servers!(
     other_block_size_fails_by_length,
     dedup_uploads_once_across_tiers,
 );
+
+/// A server that refuses every PUT carrying the checksum header (one that does not know S3's
+/// additional checksums, played by the proxy): the tier does not start, and says which
+/// setting to change; with `req_checksum: "required"` it starts and stores.
+#[test]
+fn a_server_refusing_the_checksum_header_fails_the_start_with_the_fix() {
+    let server = Server::s3s_fs();
+    let (_bucket, proxy, store) = behind_a_proxy(&server);
+    proxy.set_rule(|req| {
+        let carries = req
+            .header_names
+            .iter()
+            .any(|h| h == "x-amz-checksum-crc64nvme");
+        if req.method == "PUT" && carries {
+            Fault::Status(400)
+        } else {
+            Fault::Pass
+        }
+    });
+    let Err(e) = Tier::from_json(&tier_json(store.clone(), json!({}))) else {
+        panic!("the tier started on a server that refuses every PUT it sends");
+    };
+    assert_eq!(e.status, Status::Config, "{}", e.message);
+    assert!(
+        e.message.contains("x-amz-checksum-crc64nvme")
+            && e.message.contains("store.req_checksum to \"required\""),
+        "{}",
+        e.message
+    );
+    let store = with(store, "req_checksum", json!("required"));
+    let tier = start(store, json!({}));
+    assert_eq!(tier.upload_check(), kvtier::store::UploadCheck::NotVerified);
+    let mut pool = Pool::new(2, BLOCK);
+    pool.fill_random(5);
+    pool.register(&tier);
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[1]).succeeded());
+    assert!(run(&tier, JobKind::Load, 2, &[1], &[1]).succeeded());
+    assert_eq!(pool.block(0), pool.block(1));
+}

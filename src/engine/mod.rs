@@ -158,6 +158,13 @@ impl Tier {
         let probe = runtime.block_on(store.probe(&probe_name))?;
         let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
         let upload_check = runtime.block_on(store.checks_uploads(&probe_name));
+        if let UploadCheck::HeaderRefused(answer) = &upload_check {
+            return Err(Error::config(format!(
+                "{} refuses a PUT that carries the checksum header x-amz-checksum-crc64nvme ({answer}): \
+                 if it does not support S3's additional checksums, set store.req_checksum to \"required\"",
+                store.describe()
+            )));
+        }
         let store = Arc::new(store);
         let (lookup_runtime, lookup_store) = if config.separate_lookup_lane
             && !matches!(config.store, StoreConfig::Local(_) | StoreConfig::Memory(_))
@@ -232,7 +239,7 @@ impl Tier {
     /// Whether the store refuses an upload whose body was damaged in transit, as the
     /// start-up probe found.
     pub fn upload_check(&self) -> UploadCheck {
-        self.shared.upload_check
+        self.shared.upload_check.clone()
     }
 
     /// The dedup mode in force: the configured one, or `SkipKnown` where the start-up

@@ -52,6 +52,8 @@ enum Backend {
     S3 {
         ca_bundle: String,
         credentials: CredentialSource,
+        /// PUTs carry `x-amz-checksum-crc64nvme` (unless `req_checksum: "required"`).
+        upload_checksum: bool,
     },
     /// Azure Blob Storage: metadata names are C# identifiers, so the checksum is recorded
     /// as `kvtier_crc32c`.
@@ -160,6 +162,7 @@ impl Store {
                 let backend = Backend::S3 {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: built.credentials,
+                    upload_checksum: s3::sends_upload_checksum(config),
                 };
                 let retries = Some(built.retries);
                 (
@@ -571,7 +574,7 @@ impl Store {
 
 /// Whether a store refuses an upload whose body was damaged between the tier and the
 /// server (a flipped bit past TCP's checksum, a bad middlebox or NIC).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UploadCheck {
     /// The server verified the request's checksum (or signed payload hash) and refused the
     /// probe's damaged body: such an upload is sent again, never stored.
@@ -581,6 +584,9 @@ pub enum UploadCheck {
     NotVerified,
     /// The local directory and the in-memory store: no network between tier and store.
     NoNetwork,
+    /// The server refuses PUTs that carry the checksum header (it does not know
+    /// `x-amz-checksum-crc64nvme`): no block could be stored. The text is its answer.
+    HeaderRefused(String),
 }
 
 fn describe(config: &StoreConfig) -> String {

@@ -85,6 +85,7 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
         Backend::S3 {
             ca_bundle,
             credentials,
+            ..
         } => (
             ca_bundle.as_str(),
             format!(" (credentials from {credentials})"),
@@ -289,10 +290,34 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
             UploadCheck::Verified
         }
         Err(e) => {
+            let text = error_chain(&e);
+            let sends_checksum = matches!(
+                store.backend,
+                Backend::S3 {
+                    upload_checksum: true,
+                    ..
+                }
+            );
+            // A server that does not know the checksum header may refuse every PUT that
+            // carries it: asked once more with the body intact, so that the tier fails at
+            // start with the fix instead of failing every store.
+            if sends_checksum && refused_as_a_request(&e) {
+                match client
+                    .put_opts(&path, PutPayload::from_static(BODY), PutOptions::default())
+                    .await
+                {
+                    Err(again) if refused_as_a_request(&again) => {
+                        return UploadCheck::HeaderRefused(error_chain(&again));
+                    }
+                    Err(_) => {}
+                    Ok(_) => {
+                        let _ = client.delete(&path).await;
+                    }
+                }
+            }
             log::debug!(
-                "{}: the upload-check probe failed ({}); counting its uploads as not verified",
+                "{}: the upload-check probe failed ({text}); counting its uploads as not verified",
                 store.describe(),
-                error_chain(&e)
             );
             UploadCheck::NotVerified
         }
@@ -310,4 +335,16 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
         );
     }
     check
+}
+
+/// A PUT refused for what it carries: the server's code says the request is invalid or
+/// not implemented (what a server answers a header it does not know), or its words name a
+/// checksum.
+fn refused_as_a_request(e: &object_store::Error) -> bool {
+    let text = error_chain(e);
+    !is_damaged_body(e)
+        && (matches!(
+            s3_error_code(&text),
+            Some("InvalidArgument" | "InvalidRequest" | "NotImplemented" | "BadRequest")
+        ) || text.to_ascii_lowercase().contains("checksum"))
 }

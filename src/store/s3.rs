@@ -44,6 +44,11 @@ pub(crate) fn s3_endpoint(s3: &S3Config) -> Option<String> {
     Some(format!("{scheme}://{}.{rest}", s3.bucket))
 }
 
+/// Whether PUTs carry `x-amz-checksum-crc64nvme`: unless `req_checksum` is `required`.
+pub(super) fn sends_upload_checksum(s3: &S3Config) -> bool {
+    s3.req_checksum != Some(ChecksumPolicy::Required)
+}
+
 /// An S3 client and what kvtier knows about it.
 pub(super) struct S3Store {
     pub(super) client: DynStore,
@@ -75,7 +80,7 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
     // `object_store` computes besides SHA-256, and with the same folding CRC as kvtier's
     // CRC32C it costs a few hundredths of a CPU-second per GiB, where SHA-256 costs tenths.
     // `req_checksum: "required"` (servers that reject checksum headers) sends none.
-    if s3.req_checksum != Some(ChecksumPolicy::Required) {
+    if sends_upload_checksum(s3) {
         builder = builder.with_checksum_algorithm(Checksum::CRC64NVME);
     }
     let endpoint = s3_endpoint(s3);

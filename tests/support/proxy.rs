@@ -86,6 +86,8 @@ pub struct RequestInfo {
     pub path: String,
     /// 0 for the first request through the proxy, then 1, 2...
     pub seq: u64,
+    /// The request's header names, lower case.
+    pub header_names: Vec<String>,
 }
 
 pub type Rule = Arc<dyn Fn(&RequestInfo) -> Fault + Send + Sync>;
@@ -381,6 +383,7 @@ fn s3_code(status: u16) -> &'static str {
     match status {
         403 => "AccessDenied",
         404 => "NoSuchKey",
+        400 => "InvalidArgument",
         500 => "InternalError",
         503 => "SlowDown",
         _ => "InjectedError",
@@ -475,6 +478,11 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
             method: method.clone(),
             path,
             seq: inner.seq.fetch_add(1, Ordering::SeqCst),
+            header_names: request
+                .headers
+                .iter()
+                .map(|(k, _)| k.to_ascii_lowercase())
+                .collect(),
         };
         let rule = inner.rule.read().unwrap().clone();
         let fault = rule(&info);

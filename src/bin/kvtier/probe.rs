@@ -473,6 +473,13 @@ async fn upload_check(store: &Store, config: &TierConfig, probe_name: &str, run:
                 .into(),
         ),
         UploadCheck::NoNetwork => Ok("no network between tier and store".into()),
+        UploadCheck::HeaderRefused(answer) => Err((
+            format!(
+                "the server refuses a PUT that carries x-amz-checksum-crc64nvme ({answer}): if it does not support \
+                 S3's additional checksums, set store.req_checksum to \"required\""
+            ),
+            true,
+        )),
     }
 }
 
