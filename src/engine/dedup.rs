@@ -85,7 +85,14 @@ impl<V: Copy> Hints<V> {
     }
 
     fn remove(&self, key: &[u8]) {
-        lock(&self.map).remove(key);
+        self.remove_all([key]);
+    }
+
+    fn remove_all<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) {
+        let mut map = lock(&self.map);
+        for key in keys {
+            map.remove(key);
+        }
     }
 }
 
@@ -120,15 +127,13 @@ impl Dedup {
     /// The store was seen without the key (a MISS, a load that found nothing or the wrong
     /// length, a removal): nothing this tier remembered about its object holds any more.
     pub(crate) fn forget(&self, key: &[u8]) {
-        self.known.remove(key);
-        self.uploaded_crc.remove(key);
+        self.forget_all([key]);
     }
 
-    /// [`forget`](Self::forget) for several keys.
-    pub(crate) fn forget_all<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) {
-        for key in keys {
-            self.forget(key);
-        }
+    /// [`forget`](Self::forget) for several keys, under one lock per memory.
+    pub(crate) fn forget_all<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]> + Clone) {
+        self.known.remove_all(keys.clone());
+        self.uploaded_crc.remove_all(keys);
     }
 
     pub(crate) fn mark_corrupt(&self, key: &[u8]) {

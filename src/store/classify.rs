@@ -245,30 +245,30 @@ pub(super) async fn put_with_retries(
     loop {
         let create = matches!(options.mode, object_store::PutMode::Create);
         let outcome = store.put_opts(path, payload.clone(), options.clone()).await;
+        let refused = matches!(&outcome, Err(e) if is_damaged_body(e));
         let why = match &outcome {
-            Err(e) if is_damaged_body(e) => {
+            Err(_) if refused => {
                 damaged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // A server may keep the body it refused (s3s-fs 0.14 writes it, without its
                 // metadata, before it compares checksums): a conditional repeat would find
                 // that object and answer 412 over damaged bytes. The repeat overwrites.
                 options.mode = object_store::PutMode::Overwrite;
-                if attempt >= retries {
-                    // Gone rather than damaged and unchecked: a reader of an object without
-                    // a recorded checksum checks only its length.
-                    if let Err(e) = store.delete(path).await {
-                        log::debug!(
-                            "deleting {path} after its refused uploads: {}",
-                            error_chain(&e)
-                        );
-                    }
-                    return outcome;
-                }
                 "refused as damaged in transit"
             }
             Err(e) if create && is_interrupted(e) => "interrupted",
             _ => return outcome,
         };
         if attempt >= retries {
+            if refused {
+                // Gone rather than damaged and unchecked: a reader of an object without a
+                // recorded checksum checks only its length.
+                if let Err(e) = store.delete(path).await {
+                    log::debug!(
+                        "deleting {path} after its refused uploads: {}",
+                        error_chain(&e)
+                    );
+                }
+            }
             return outcome;
         }
         attempt += 1;
