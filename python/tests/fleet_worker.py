@@ -252,6 +252,13 @@ class LibraryJobs:
         return len(self.pending)
 
 
+def worker_start(spec: dict):
+    """What every worker starts with: its name, figures, command reader, the fleet's keys
+    and each key's index."""
+    keys = [key_of(i, spec["key_seed"]) for i in range(spec["keys"])]
+    return spec["name"], Figures(spec["name"]), Commands(), keys, {k: i for i, k in enumerate(keys)}
+
+
 # -- the engine: vLLM's manager over kvtier --------------------------------------------------
 
 
@@ -260,11 +267,7 @@ def run_engine(spec: dict) -> None:
 
     from vllm_engine import Engine
 
-    name = spec["name"]
-    fig = Figures(name)
-    commands = Commands()
-    keys = [key_of(i, spec["key_seed"]) for i in range(spec["keys"])]
-    index_of = {k: i for i, k in enumerate(keys)}
+    name, fig, commands, keys, index_of = worker_start(spec)
     if spec.get("standby"):
         # A replacement engine: vLLM is imported (the slow part of a start); the engine
         # and its tier are built only once told to start.
@@ -422,11 +425,7 @@ def tier_config(spec: dict, **extra) -> dict:
 
 
 def run_evictor(spec: dict) -> None:
-    name = spec["name"]
-    fig = Figures(name)
-    commands = Commands()
-    keys = [key_of(i, spec["key_seed"]) for i in range(spec["keys"])]
-    index_of = {k: i for i, k in enumerate(keys)}
+    name, fig, commands, keys, index_of = worker_start(spec)
     batch = spec["batch"]
     tier = kvtier.Tier(tier_config(spec, eviction=spec["eviction"]))
     pool = np.zeros((batch, BLOCK_BYTES), dtype=np.uint8)
