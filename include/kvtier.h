@@ -306,6 +306,38 @@ const char *kvt_version(void);
 // outside the enum). Never NULL; never free it. Thread-safe.
 const char *kvt_status_str(int status);
 
+// The tier configuration's schema: every key `kvt_tier_new` accepts, as a JSON document
+// `{"version": "...", "store_types": [...], "keys": [{"key": "store.request_timeout_ms",
+// "store": "s3", "type": "integer", "required": false, "default": 30000, "allowed": null,
+// "doc": "..."}, ...]}`. `key` is the full dotted path; a key inside `store` is listed once
+// per store type that has it (`store` names the type, null elsewhere); `type` is one of
+// string, integer, number, boolean, object, array, any; `allowed` lists an enumerated
+// key's values; `default` is null where there is none (or it is decided at start-up);
+// `example` is a valid value of a key without a default. `kvtier config schema` prints the
+// same document.
+//
+// Static storage: never NULL, never free it, valid for the life of the process.
+// Thread-safe.
+const char *kvt_config_schema(void);
+
+// The counters of `kvt_stats`, in field order, as a JSON array
+// `[{"name": "keys_stored", "help": "Keys stored successfully."}, ...]`: the names and help
+// texts bindings and metric exporters use.
+//
+// Static storage: never NULL, never free it, valid for the life of the process.
+// Thread-safe.
+const char *kvt_stats_fields(void);
+
+// Parses and checks a tier configuration exactly as `kvt_tier_new` does, without
+// opening its store or probing it: what a configuration file's author or a binding
+// calls to validate before starting a tier.
+//
+// `config_json`: NUL-terminated UTF-8 JSON, borrowed for the call only; NULL is
+// KVT_STATUS_NULL_ARGUMENT. Returns KVT_STATUS_OK, or KVT_STATUS_CONFIG with a message
+// (`kvt_last_error`) naming the key's full path (`store.request_timeout_ms`) and what was
+// expected. Messages never contain secrets. Works after fork. Thread-safe.
+enum kvt_status kvt_config_check(const char *config_json);
+
 // Creates a tier from a JSON configuration, builds its store and probes it.
 //
 // The configuration is an object with a required `store` (`{"type":"local","path":...}`,

@@ -163,6 +163,68 @@ pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
     text.as_ptr()
 }
 
+/// The tier configuration's schema: every key `kvt_tier_new` accepts, as a JSON document
+/// `{"version": "...", "store_types": [...], "keys": [{"key": "store.request_timeout_ms",
+/// "store": "s3", "type": "integer", "required": false, "default": 30000, "allowed": null,
+/// "doc": "..."}, ...]}`. `key` is the full dotted path; a key inside `store` is listed once
+/// per store type that has it (`store` names the type, null elsewhere); `type` is one of
+/// string, integer, number, boolean, object, array, any; `allowed` lists an enumerated
+/// key's values; `default` is null where there is none (or it is decided at start-up);
+/// `example` is a valid value of a key without a default. `kvtier config schema` prints the
+/// same document.
+///
+/// Static storage: never NULL, never free it, valid for the life of the process.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn kvt_config_schema() -> *const c_char {
+    static SCHEMA: std::sync::OnceLock<CString> = std::sync::OnceLock::new();
+    SCHEMA
+        .get_or_init(|| CString::new(crate::config::schema_json()).unwrap_or_default())
+        .as_ptr()
+}
+
+/// The counters of `kvt_stats`, in field order, as a JSON array
+/// `[{"name": "keys_stored", "help": "Keys stored successfully."}, ...]`: the names and help
+/// texts bindings and metric exporters use.
+///
+/// Static storage: never NULL, never free it, valid for the life of the process.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn kvt_stats_fields() -> *const c_char {
+    static FIELDS: std::sync::OnceLock<CString> = std::sync::OnceLock::new();
+    FIELDS
+        .get_or_init(|| {
+            let fields: Vec<_> = crate::engine::STATS_FIELDS
+                .iter()
+                .map(|f| serde_json::json!({"name": f.name, "help": f.help}))
+                .collect();
+            CString::new(serde_json::Value::from(fields).to_string()).unwrap_or_default()
+        })
+        .as_ptr()
+}
+
+/// Parses and checks a tier configuration exactly as `kvt_tier_new` does, without
+/// opening its store or probing it: what a configuration file's author or a binding
+/// calls to validate before starting a tier.
+///
+/// `config_json`: NUL-terminated UTF-8 JSON, borrowed for the call only; NULL is
+/// KVT_STATUS_NULL_ARGUMENT. Returns KVT_STATUS_OK, or KVT_STATUS_CONFIG with a message
+/// (`kvt_last_error`) naming the key's full path (`store.request_timeout_ms`) and what was
+/// expected. Messages never contain secrets. Works after fork. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_config_check(config_json: *const c_char) -> Status {
+    guard("kvt_config_check", || {
+        if config_json.is_null() {
+            return Err(Error::new(Status::NullArgument, "config_json is NULL"));
+        }
+        // SAFETY: non-NULL, and a NUL-terminated string by the header's contract.
+        let json = unsafe { CStr::from_ptr(config_json) }
+            .to_str()
+            .map_err(|_| Error::config("config_json is not valid UTF-8"))?;
+        crate::config::TierConfig::from_json(json).map(drop)
+    })
+}
+
 fn status_from_int(value: c_int) -> Option<Status> {
     Status::from_code(value)
 }

@@ -4,6 +4,7 @@
 mod bench;
 mod common;
 mod completions;
+mod config;
 mod du;
 mod gc;
 mod ls;
@@ -64,6 +65,9 @@ enum Command {
     /// Read objects and check their length and recorded checksum; report the corrupt ones
     Verify(verify::VerifyArgs),
 
+    /// The configuration: print its schema, or check a configuration
+    Config(config::ConfigArgs),
+
     /// Print vLLM's namespace string for a field set, as kvt_vllm_namespace does
     ///
     /// The namespace is <model_name with / replaced by _>_<first 12 hex digits of the
@@ -92,6 +96,7 @@ impl Command {
             Command::Du(_) => "du",
             Command::Gc(_) => "gc",
             Command::Verify(_) => "verify",
+            Command::Config(_) => "config",
             Command::Namespace(_) => "namespace",
             Command::Completions(_) => "completions",
             Command::Version => "version",
@@ -109,6 +114,7 @@ fn main() {
         Command::Du(args) => du::run(args),
         Command::Gc(args) => gc::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Config(args) => config::run(args),
         Command::Namespace(args) => namespace::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Version => {

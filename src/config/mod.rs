@@ -1,24 +1,35 @@
 //! Tier configuration, parsed from JSON.
 //!
-//! Unknown keys are errors that name the key. Secrets never appear in error messages
-//! or `Debug` output.
+//! The structs below are the one statement of the configuration: serde parses it from
+//! them, and `schema` publishes their keys, types, defaults and doc comments (the first
+//! paragraph of each is the key's user documentation) to the C ABI, the command line,
+//! the Python package and the README. Errors name the key's full path
+//! (`store.request_timeout_ms`). Secrets never appear in error messages or `Debug` output.
+
+mod schema;
 
 use std::fmt;
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::de::{self, Deserializer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+pub use schema::{
+    config_keys, markdown_tables, schema_json, ConfigKey, CONFIG_TABLE_BEGIN, CONFIG_TABLE_END,
+};
 
 /// Key length used when the configuration does not say: a SHA-256 block hash plus the
 /// 4-byte group index, vLLM's default.
 pub const DEFAULT_KEY_BYTES: usize = 36;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct TierConfig {
-    /// Where blocks live.
+    /// The store where blocks live: `type` names it; the other keys are that type's.
     pub store: StoreConfig,
     /// Leading path segments of every object name.
     #[serde(default)]
@@ -26,7 +37,8 @@ pub struct TierConfig {
     /// Namespace segment, e.g. vLLM's `<model>_<digest>_r<rank>` (see `namespace`).
     #[serde(default)]
     pub namespace: String,
-    /// Exact length of every key in bytes; 0 accepts any length from 5 to 68.
+    /// Exact length of every key in bytes (hash + 4-byte group); 0 accepts any length from
+    /// 5 to 68 (vLLM takes hashes of any length).
     #[serde(default = "default_key_bytes")]
     pub key_bytes: usize,
     /// Worker threads of the tier's I/O runtime. Concurrency comes from in-flight
@@ -49,6 +61,7 @@ pub struct TierConfig {
     /// connections, so that under saturating transfers they neither queue behind transfer
     /// tasks nor wait for a pooled connection. Costs one thread.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub separate_lookup_lane: bool,
     /// Nice value (0..=19) of the transfer threads: above 0, the engine's own threads and
     /// the lookup lane win the CPU when a host is saturated, at some cost in transfer
@@ -59,7 +72,8 @@ pub struct TierConfig {
     /// Record a BlockStored event for every successful store job.
     #[serde(default)]
     pub enable_kv_events: bool,
-    /// Locality carried on events: `LOCAL`, `REMOTE`, or absent.
+    /// Locality carried on events: `LOCAL`, `REMOTE`, or absent (anything else is an
+    /// error).
     #[serde(default)]
     pub locality: Option<Locality>,
     /// How long shutdown waits for operations already in progress before abandoning them.
@@ -68,8 +82,11 @@ pub struct TierConfig {
     /// Record a CRC32C of every stored block (in object metadata, or an extended
     /// attribute on the local store) and verify it on load.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub checksums: bool,
-    /// What a load does with a block whose bytes do not match its checksum.
+    /// What a load does with a block whose bytes fail its checksum on two reads: `fail` the
+    /// key, or `fail_and_delete` to also delete the object when both reads returned the same
+    /// bytes. Either way the key answers MISS and its next store rewrites the object.
     #[serde(default)]
     pub on_corrupt: OnCorrupt,
     /// How stores avoid uploading a block the store already holds. Default: `conditional`
@@ -88,8 +105,12 @@ pub struct TierConfig {
     /// `conditional` dedup, asks the store with `If-None-Match`). 0: never remember.
     #[serde(default = "default_known_keys_ttl_ms")]
     pub known_keys_ttl_ms: u64,
-    /// Keeps the tier's namespace bounded: see [`EvictionConfig`]. Off by default.
+    /// Keeps the tier's namespace (`prefix/namespace`, which must not be empty) within a
+    /// byte budget and/or an age: every `interval_ms` a background task lists it and deletes
+    /// the oldest blocks past `max_bytes` and every block older than `max_age_s`, each with
+    /// a BlockRemoved event. Off when absent.
     #[serde(default)]
+    #[schemars(example = serde_json::json!({"max_bytes": 100_000_000_000_u64}))]
     pub eviction: Option<EvictionConfig>,
 }
 
@@ -97,8 +118,9 @@ pub struct TierConfig {
 /// (`prefix/namespace`), enforced by a background task that lists them every
 /// `interval_ms` and deletes the oldest past the budget and every object past the age.
 /// Each deleted block yields a BlockRemoved event.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct EvictionConfig {
     /// Bytes the namespace may hold; the oldest objects go first.
     #[serde(default)]
@@ -123,8 +145,9 @@ fn default_known_keys_ttl_ms() -> u64 {
     60_000
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnCorrupt {
     /// Fail the key; the object stays until the key's next store overwrites it.
     #[default]
@@ -134,8 +157,9 @@ pub enum OnCorrupt {
     FailAndDelete,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum DedupMode {
     /// Skip keys known present, share concurrent uploads of one key, and PUT with
     /// `If-None-Match: *` so that a key another replica stored is not rewritten.
@@ -177,13 +201,15 @@ fn default_shutdown_timeout_ms() -> u64 {
 }
 
 #[allow(clippy::upper_case_acronyms)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub enum Locality {
     LOCAL,
     REMOTE,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// A store: its `type`, and that type's keys. Parsed by `parse::store` (so that an
+/// error inside names the key's path); the derived schema states the same tagging.
+#[derive(Debug, Clone, JsonSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
 // One per tier, read at start-up: the size of the S3 variant costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
@@ -200,15 +226,18 @@ pub enum StoreConfig {
     Gcs(GcsConfig),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LocalConfig {
     /// Root directory; created if missing.
+    #[schemars(example = &"/var/cache/kvtier")]
     pub path: PathBuf,
     /// Read and write blocks with O_DIRECT (bypassing the page cache) where the block's
     /// memory and size are aligned to 4096 bytes and the file system allows it; other
     /// blocks, and file systems that refuse O_DIRECT (tmpfs), use buffered I/O.
     #[serde(default, deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub o_direct: bool,
     /// What survives a power loss. `none` (default): a block is published by an atomic
     /// rename, so a crash of the process never shows a partial block, but blocks written
@@ -221,8 +250,9 @@ pub struct LocalConfig {
 }
 
 /// When the local store flushes to the device (see [`LocalConfig::fsync`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FsyncPolicy {
     #[default]
     None,
@@ -230,27 +260,37 @@ pub enum FsyncPolicy {
     Full,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct MemoryConfig {}
 
 /// S3 settings. Key names follow vLLM's `store_config`, so a vLLM user can paste theirs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct S3Config {
+    /// The bucket.
+    #[schemars(example = &"kv-cache")]
     pub bucket: String,
     /// `host[:port]` or a full URL; empty means AWS.
     #[serde(default)]
     pub endpoint_override: String,
     /// `http` or `https`; a full URL's own scheme wins. Default `https`.
     #[serde(default)]
+    #[schemars(example = &"https")]
     pub scheme: Option<String>,
+    /// The region to sign for; empty: the `AWS_REGION` environment or profile, else `us-east-1`.
     #[serde(default)]
     pub region: String,
+    /// Access key id; leave it and `secret_key` out to use the AWS credential chain
+    /// (environment, `AWS_PROFILE` files, web identity, instance metadata).
     #[serde(default)]
     pub access_key: Secret,
+    /// Secret access key, given with `access_key`.
     #[serde(default)]
     pub secret_key: Secret,
+    /// Session token of temporary credentials, given with `access_key` and `secret_key`.
     #[serde(default)]
     pub session_token: Secret,
     /// PEM file of extra trusted CA certificates.
@@ -258,6 +298,7 @@ pub struct S3Config {
     pub ca_bundle: String,
     /// false (default): path-style requests, as MinIO, Ceph and most gateways need.
     #[serde(default, deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub use_virtual_addressing: bool,
     /// `supported` (the default) sends a CRC64NVME of every PUT's body
     /// (`x-amz-checksum-crc64nvme`) for the server to verify before it stores the object;
@@ -270,9 +311,12 @@ pub struct S3Config {
     /// Accepted for vLLM compatibility (NIXL's executor size); concurrency is set by
     /// `max_inflight_transfers`.
     #[serde(default)]
+    #[schemars(example = &"8")]
     pub num_threads: Option<serde_json::Value>,
+    /// Milliseconds a connection may take to open.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// Milliseconds one request may take, its body included.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
     /// Retries per request for 5xx, throttling, timeouts and connection resets.
@@ -281,9 +325,11 @@ pub struct S3Config {
     /// Sign payloads (SHA-256 of the body). Off by default: integrity comes from TLS and
     /// kvtier's own checksums, and hashing every block costs CPU.
     #[serde(default, deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub payload_signing: bool,
     /// Allow plain http even to non-loopback endpoints.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub allow_http: bool,
     /// Path-style http and https endpoints: loads read response bodies straight into the
     /// block (on https, from rustls's record buffer) and existence checks send HEADs on
@@ -291,6 +337,7 @@ pub struct S3Config {
     /// ~60 µs of CPU less per request). Unexpected answers are repeated through the general
     /// client; on https the direct path trusts what the general client trusts.
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
+    #[schemars(with = "bool")]
     pub direct_http: bool,
 }
 
@@ -307,8 +354,9 @@ fn default_true() -> bool {
     true
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum ChecksumPolicy {
     Required,
     Supported,
@@ -337,6 +385,28 @@ impl fmt::Debug for Secret {
         } else {
             f.write_str("\"***\"")
         }
+    }
+}
+
+/// Serialised as it prints: empty, or `***` (a schema's default is the empty one).
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(if self.0.is_empty() { "" } else { "***" })
+    }
+}
+
+impl JsonSchema for Secret {
+    fn inline_schema() -> bool {
+        true
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secret".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string" })
     }
 }
 
@@ -374,27 +444,103 @@ impl<'de> Deserialize<'de> for Secret {
 
 /// Accepts JSON booleans and the words vLLM/NIXL users write (`"true"`, `"yes"`, `"1"`...).
 fn bool_or_word<'de, D: Deserializer<'de>>(deserializer: D) -> std::result::Result<bool, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum BoolOrWord {
-        Bool(bool),
-        Word(String),
+    struct BoolOrWord;
+    impl de::Visitor<'_> for BoolOrWord {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a boolean (or true/false, yes/no, on/off, 1/0 as a string)")
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<bool, E> {
+            match v.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "y" | "on" | "1" | "enable" => Ok(true),
+                "false" | "no" | "n" | "off" | "0" | "disable" => Ok(false),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
     }
-    match BoolOrWord::deserialize(deserializer)? {
-        BoolOrWord::Bool(b) => Ok(b),
-        BoolOrWord::Word(w) => match w.to_ascii_lowercase().as_str() {
-            "true" | "yes" | "y" | "on" | "1" | "enable" => Ok(true),
-            "false" | "no" | "n" | "off" | "0" | "disable" => Ok(false),
-            _ => Err(de::Error::custom(format!("expected a boolean, got {w:?}"))),
-        },
+    deserializer.deserialize_any(BoolOrWord)
+}
+
+/// The store types, by the name `store.type` gives them (as [`StoreConfig`]'s schema does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum StoreKind {
+    Local,
+    Memory,
+    S3,
+    Azure,
+    Gcs,
+}
+
+/// A path-tracked parse error, as a configuration error naming the key's full path.
+fn key_error(under: &str, e: serde_path_to_error::Error<serde_json::Error>) -> Error {
+    let path = e.path().to_string();
+    let key = match (under, path.as_str()) {
+        (_, ".") => under.to_string(),
+        ("", _) => path,
+        _ => format!("{under}.{path}"),
+    };
+    let inner = e.into_inner();
+    if key.is_empty() {
+        Error::config(format!("invalid configuration: {inner}"))
+    } else {
+        Error::config(format!("invalid configuration: {key}: {inner}"))
+    }
+}
+
+/// The store object (`type` and that type's keys), with errors naming `store.<key>`.
+fn parse_store(value: serde_json::Value) -> Result<StoreConfig> {
+    fn typed<T: de::DeserializeOwned>(
+        fields: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<T> {
+        serde_path_to_error::deserialize(serde_json::Value::Object(fields))
+            .map_err(|e| key_error("store", e))
+    }
+    let serde_json::Value::Object(mut fields) = value else {
+        return Err(Error::config(
+            "invalid configuration: store must be an object with a type and that store's keys",
+        ));
+    };
+    let kind = fields.remove("type").ok_or_else(|| {
+        Error::config(
+            "invalid configuration: store.type is missing: one of local, memory, s3, azure, gcs",
+        )
+    })?;
+    let kind: StoreKind =
+        serde_path_to_error::deserialize(kind).map_err(|e| key_error("store.type", e))?;
+    Ok(match kind {
+        StoreKind::Local => StoreConfig::Local(typed(fields)?),
+        StoreKind::Memory => StoreConfig::Memory(typed(fields)?),
+        StoreKind::S3 => StoreConfig::S3(typed(fields)?),
+        StoreKind::Azure => StoreConfig::Azure(typed(fields)?),
+        StoreKind::Gcs => StoreConfig::Gcs(typed(fields)?),
+    })
+}
+
+/// Through [`parse_store`]: a derived tagged enum would parse it too, but would lose the
+/// path of an error inside (it buffers the object before it knows the type).
+impl<'de> Deserialize<'de> for StoreConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        parse_store(serde_json::Value::deserialize(deserializer)?)
+            .map_err(|e| de::Error::custom(e.message))
     }
 }
 
 impl TierConfig {
     /// Parses and validates a JSON document.
     pub fn from_json(json: &str) -> Result<Self> {
-        let config: TierConfig = serde_json::from_str(json)
-            .map_err(|e| Error::config(format!("invalid configuration: {e}")))?;
+        let value: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| Error::config(format!("invalid configuration: not JSON: {e}")))?;
+        // The store on its own first, so that an error inside it names `store.<key>`
+        // (inside the whole document, its parse reports the path `store` alone).
+        if let Some(store) = value.get("store") {
+            parse_store(store.clone())?;
+        }
+        let config: TierConfig =
+            serde_path_to_error::deserialize(value).map_err(|e| key_error("", e))?;
         config.validate()?;
         Ok(config)
     }
@@ -479,22 +625,11 @@ impl S3Config {
                 "store.session_token needs store.access_key and store.secret_key (the temporary credentials it belongs to)",
             ));
         }
-        for (name, value) in [
-            ("connect_timeout_ms", self.connect_timeout_ms),
-            ("request_timeout_ms", self.request_timeout_ms),
-        ] {
-            if value == 0 {
-                return Err(Error::config(format!(
-                    "store.{name} is 0; it must be at least 1 (milliseconds)"
-                )));
-            }
-        }
-        if self.max_retries > 100 {
-            return Err(Error::config(format!(
-                "store.max_retries is {}; it must be 0..=100",
-                self.max_retries
-            )));
-        }
+        check_client_limits(
+            self.connect_timeout_ms,
+            self.request_timeout_ms,
+            self.max_retries,
+        )?;
         if !self.endpoint_override.is_empty() {
             check_endpoint(&self.endpoint_override).map_err(|why| {
                 Error::config(format!(
@@ -534,11 +669,15 @@ impl S3Config {
 }
 
 /// Azure Blob Storage settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct AzureConfig {
     /// The storage account.
+    #[schemars(example = &"devstoreaccount1")]
     pub account: String,
+    /// The container.
+    #[schemars(example = &"kv-cache")]
     pub container: String,
     /// The account's shared key (base64). Leave both this and `sas` out to use
     /// `object_store`'s credential chain (the `AZURE_*` environment variables, workload or
@@ -556,8 +695,10 @@ pub struct AzureConfig {
     /// PEM file of extra trusted CA certificates.
     #[serde(default)]
     pub ca_bundle: String,
+    /// Milliseconds a connection may take to open.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// Milliseconds one request may take, its body included.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
     /// Retries per request for 5xx, throttling, timeouts and connection resets.
@@ -566,9 +707,12 @@ pub struct AzureConfig {
 }
 
 /// Google Cloud Storage settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct GcsConfig {
+    /// The bucket.
+    #[schemars(example = &"kv-cache")]
     pub bucket: String,
     /// Path of a service-account JSON key file. Empty: `object_store`'s chain (the
     /// `GOOGLE_*` environment variables, application default credentials, instance
@@ -582,8 +726,10 @@ pub struct GcsConfig {
     /// PEM file of extra trusted CA certificates.
     #[serde(default)]
     pub ca_bundle: String,
+    /// Milliseconds a connection may take to open.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// Milliseconds one request may take, its body included.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
     /// Retries per request for 5xx, throttling, timeouts and connection resets.
