@@ -41,6 +41,7 @@ pub use events::{KvEvent, EVENT_MEDIUM};
 pub use eviction::{choose_evictions, EvictionCandidate, EvictionReason, EvictionReport};
 pub use jobs::{JobKind, JobResult, KeyBatch, MAX_KEYS_PER_JOB};
 pub use lookup::LookupResult;
+pub(crate) use runtime::is_tier_thread;
 pub use stats::{StatsField, StatsSnapshot, STATS_FIELDS};
 
 /// What the caller's side and the I/O side of a tier share.
@@ -151,7 +152,7 @@ impl Tier {
             &config.store,
             config.runtime_threads,
             config.file_io_threads,
-            "kvtier-io",
+            runtime::Lane::Transfers,
             config.transfer_thread_nice,
         )?;
         let probe_name = layout.probe_name();
@@ -170,7 +171,7 @@ impl Tier {
             && !matches!(config.store, StoreConfig::Local(_) | StoreConfig::Memory(_))
         {
             let (lane, lane_store) =
-                runtime::runtime_with_store(&config.store, 1, 1, "kvtier-lookup", 0)?;
+                runtime::runtime_with_store(&config.store, 1, 1, runtime::Lane::Lookups, 0)?;
             (Some(lane), Arc::new(lane_store))
         } else {
             (None, store.clone())

@@ -7,7 +7,35 @@ use crate::config::StoreConfig;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
 
-/// An I/O runtime named `name` with `threads` workers and at most `blocking_threads`
+/// What every thread of a tier's runtimes is named with, by which the C boundary's panic
+/// hook knows a panic on one of them as the library's.
+const THREAD_PREFIX: &str = "kvtier-";
+
+/// The tier's runtimes, by what they serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Stores, loads, eviction and (without a separate lane) lookups.
+    Transfers,
+    /// Existence checks, on their own thread and connections.
+    Lookups,
+}
+
+impl Lane {
+    fn thread_name(self) -> String {
+        let lane = match self {
+            Lane::Transfers => "io",
+            Lane::Lookups => "lookup",
+        };
+        format!("{THREAD_PREFIX}{lane}")
+    }
+}
+
+/// Whether `thread` is one of a tier's runtime threads.
+pub(crate) fn is_tier_thread(thread: &std::thread::Thread) -> bool {
+    thread.name().is_some_and(|n| n.starts_with(THREAD_PREFIX))
+}
+
+/// An I/O runtime for `lane` with `threads` workers and at most `blocking_threads`
 /// threads for blocking file I/O (tokio's default would let that pool grow to 512 under
 /// load), each at `nice` (0 = unchanged), and a store client built inside it (an HTTP
 /// client's connections belong to the runtime that opens them).
@@ -15,13 +43,14 @@ pub(crate) fn runtime_with_store(
     config: &StoreConfig,
     threads: usize,
     blocking_threads: usize,
-    name: &str,
+    lane: Lane,
     nice: i32,
 ) -> Result<(Runtime, Store)> {
+    let name = lane.thread_name();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .max_blocking_threads(blocking_threads)
-        .thread_name(name)
+        .thread_name(name.clone())
         .on_thread_start(move || {
             if nice > 0 {
                 // SAFETY: a plain syscall on the calling thread's own id.

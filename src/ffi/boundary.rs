@@ -52,9 +52,7 @@ pub(crate) fn silencing_hook(previous: PanicHook) -> PanicHook {
     Box::new(move |info| {
         // try_with: a hook must not panic, also on a thread whose locals are gone.
         let ours = IN_CALL.try_with(|c| c.get() > 0).unwrap_or(false)
-            || std::thread::current()
-                .name()
-                .is_some_and(|n| n.starts_with("kvtier-"));
+            || crate::engine::is_tier_thread(&std::thread::current());
         if ours {
             let at = info
                 .location()
