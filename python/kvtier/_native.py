@@ -130,6 +130,9 @@ tier_p = ctypes.c_void_p  # opaque `kvt_tier *`
 _PROTOTYPES = {
     "kvt_version": (ctypes.c_char_p, []),
     "kvt_status_str": (ctypes.c_char_p, [ctypes.c_int]),
+    "kvt_config_schema": (ctypes.c_char_p, []),
+    "kvt_stats_fields": (ctypes.c_char_p, []),
+    "kvt_config_check": (c_status, [ctypes.c_char_p]),
     "kvt_last_error": (ctypes.c_char_p, []),
     "kvt_tier_new": (c_status, [ctypes.c_char_p, ctypes.POINTER(tier_p)]),
     "kvt_tier_register_memory": (c_status, [tier_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]),
