@@ -143,11 +143,10 @@ impl KeyLayout {
 
     /// A name under the base that no block can ever have, for connectivity probes.
     pub fn probe_name(&self) -> String {
-        use crate::store::PROBE_SEGMENT;
         if self.base.is_empty() {
-            format!("{PROBE_SEGMENT}/connectivity_test")
+            "__kvtier_probe__/connectivity_test".to_string()
         } else {
-            format!("{}/{PROBE_SEGMENT}/connectivity_test", self.base)
+            format!("{}/__kvtier_probe__/connectivity_test", self.base)
         }
     }
 }

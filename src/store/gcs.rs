@@ -9,8 +9,7 @@ use object_store::client::{
 use object_store::gcp::{GcpCredentialProvider, GoogleCloudStorageBuilder};
 
 use super::classify::error_chain;
-use super::endpoint::{parse_endpoint, Endpoint};
-use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
+use super::http_options::{client_options, is_http, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::GcsConfig;
 use crate::error::{Error, Result};
@@ -56,23 +55,12 @@ pub(super) struct GcsStore {
     pub(super) retries: Arc<RetryLedger>,
 }
 
-/// [`base_url`], parsed.
-pub(crate) fn base_endpoint(gcs: &GcsConfig) -> Result<Endpoint> {
+pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
     let url = base_url(gcs);
-    parse_endpoint(&url, "https").map_err(|why| {
-        Error::config(format!(
-            "the GCS base URL {url:?} (store.endpoint, or the service-account file's gcs_base_url) \
-             is not a usable endpoint: {why}"
-        ))
-    })
-}
-
-pub(super) fn open(gcs: &GcsConfig, endpoint: &Endpoint) -> Result<GcsStore> {
-    let url = endpoint.url();
     let options = client_options(
         gcs.connect_timeout_ms,
         gcs.request_timeout_ms,
-        !endpoint.tls(),
+        is_http(&url),
         &gcs.ca_bundle,
     )?;
     // An explicit file leaves the environment out (a GOOGLE_SERVICE_ACCOUNT_KEY there
@@ -208,8 +196,7 @@ mod tests {
             .build()
             .unwrap();
         let _guard = runtime.enter();
-        let endpoint = base_endpoint(&c).unwrap();
-        let e = open(&c, &endpoint).err().expect("a missing file must fail");
+        let e = open(&c).err().expect("a missing file must fail");
         assert_eq!(e.status, crate::error::Status::Config, "{}", e.message);
         assert!(
             e.message.contains("/nonexistent/kvtier-sa.json"),
