@@ -188,18 +188,29 @@ fn unverified_server_serves_nothing(h: &Https, switch_to_impostor: &dyn Fn(&Impo
     pool.block_mut(6).fill(0xa5);
     let fallbacks = tier.stats().direct_fallbacks;
     let r = load(&tier, 3, &[5, 6], &[1, 2]);
-    assert_eq!(
-        r.key_status,
-        vec![Status::Tls, Status::Tls],
-        "{}",
-        r.message
-    );
+    // A fallback may take a pooled connection of the general client (from the stores above)
+    // that the relay has just closed, before the client has seen it close: with max_retries
+    // 0 that load fails as Io, without reaching the server. Such a key is loaded once more,
+    // on a new connection, where it must meet the certificate.
+    let mut statuses = r.key_status.clone();
+    let mut message = r.message.clone();
+    let mut attempts = 2;
+    for (i, (slot, id)) in [(5u64, 1u64), (6, 2)].into_iter().enumerate() {
+        if statuses[i] == Status::Io {
+            let again = load(&tier, 10 + id, &[slot], &[id]);
+            statuses[i] = again.key_status[0];
+            if i == 0 {
+                message = again.message;
+            }
+            attempts += 1;
+        }
+    }
+    assert_eq!(statuses, vec![Status::Tls, Status::Tls], "{message}");
     // The general client's own words for a certificate the trusted CAs did not sign.
-    assert!(r.message.contains("UnknownIssuer"), "{}", r.message);
+    assert!(message.contains("UnknownIssuer"), "{message}");
     assert!(
-        r.message.contains("store.ca_bundle"),
-        "a TLS failure names the setting of trusted CAs: {}",
-        r.message
+        message.contains("store.ca_bundle"),
+        "a TLS failure names the setting of trusted CAs: {message}"
     );
     assert!(
         pool.block(5).iter().all(|&b| b == 0xa5) && pool.block(6).iter().all(|&b| b == 0xa5),
@@ -207,7 +218,7 @@ fn unverified_server_serves_nothing(h: &Https, switch_to_impostor: &dyn Fn(&Impo
     );
     assert_eq!(
         tier.stats().direct_fallbacks - fallbacks,
-        2,
+        attempts,
         "{:?}",
         tier.stats()
     );
