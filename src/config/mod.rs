@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub use schema::{
-    config_keys, markdown_tables, schema_json, ConfigKey, CONFIG_TABLE_BEGIN, CONFIG_TABLE_END,
+    config_keys, markdown_tables, schema_json, store_types, ConfigKey, CONFIG_TABLE_BEGIN,
+    CONFIG_TABLE_END,
 };
 
 /// Key length used when the configuration does not say: a SHA-256 block hash plus the
@@ -207,8 +208,8 @@ pub enum Locality {
     REMOTE,
 }
 
-/// A store: its `type`, and that type's keys. Parsed by `parse::store` (so that an
-/// error inside names the key's path); the derived schema states the same tagging.
+/// A store: its `type`, and that type's keys. Parsed by `parse_store` (so that an error
+/// inside names the key's path); the derived schema states the same tagging.
 #[derive(Debug, Clone, JsonSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
 // One per tier, read at start-up: the size of the S3 variant costs nothing worth a box.
@@ -505,9 +506,10 @@ fn parse_store(value: serde_json::Value) -> Result<StoreConfig> {
         ));
     };
     let kind = fields.remove("type").ok_or_else(|| {
-        Error::config(
-            "invalid configuration: store.type is missing: one of local, memory, s3, azure, gcs",
-        )
+        Error::config(format!(
+            "invalid configuration: store.type is missing: one of {}",
+            store_types().join(", ")
+        ))
     })?;
     let kind: StoreKind =
         serde_path_to_error::deserialize(kind).map_err(|e| key_error("store.type", e))?;

@@ -63,21 +63,23 @@ pub fn config_keys() -> &'static [ConfigKey] {
     })
 }
 
+/// The store types `store.type` allows, in the order the schema lists them.
+pub fn store_types() -> &'static [String] {
+    config_keys()
+        .iter()
+        .find(|k| k.key == "store.type")
+        .and_then(|k| k.allowed.as_deref())
+        .unwrap_or_default()
+}
+
 /// The published schema as JSON: `{"version", "store_types", "keys": [ConfigKey...]}`.
 pub fn schema_json() -> &'static str {
     static JSON: OnceLock<String> = OnceLock::new();
     JSON.get_or_init(|| {
-        let keys = config_keys();
-        let store_types = keys
-            .iter()
-            .find(|k| k.key == "store.type")
-            .and_then(|k| k.allowed.as_ref())
-            .map(|a| a.iter().map(String::as_str).collect())
-            .unwrap_or_default();
         serde_json::to_string_pretty(&Published {
             version: crate::VERSION,
-            store_types,
-            keys,
+            store_types: store_types().iter().map(String::as_str).collect(),
+            keys: config_keys(),
         })
         .expect("the schema serialises")
     })

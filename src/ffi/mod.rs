@@ -17,7 +17,7 @@ mod boundary;
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use boundary::{current_pid, guard, guard_tier, guard_tier_or, set_last_error, Access};
@@ -177,10 +177,8 @@ pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn kvt_config_schema() -> *const c_char {
-    static SCHEMA: std::sync::OnceLock<CString> = std::sync::OnceLock::new();
-    SCHEMA
-        .get_or_init(|| CString::new(crate::config::schema_json()).unwrap_or_default())
-        .as_ptr()
+    static SCHEMA: OnceLock<CString> = OnceLock::new();
+    static_text(&SCHEMA, || crate::config::schema_json().to_string())
 }
 
 /// The counters of `kvt_stats`, in field order, as a JSON array
@@ -191,16 +189,14 @@ pub extern "C" fn kvt_config_schema() -> *const c_char {
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn kvt_stats_fields() -> *const c_char {
-    static FIELDS: std::sync::OnceLock<CString> = std::sync::OnceLock::new();
-    FIELDS
-        .get_or_init(|| {
-            let fields: Vec<_> = crate::engine::STATS_FIELDS
-                .iter()
-                .map(|f| serde_json::json!({"name": f.name, "help": f.help}))
-                .collect();
-            CString::new(serde_json::Value::from(fields).to_string()).unwrap_or_default()
-        })
-        .as_ptr()
+    static FIELDS: OnceLock<CString> = OnceLock::new();
+    static_text(&FIELDS, || {
+        let fields: Vec<_> = crate::engine::STATS_FIELDS
+            .iter()
+            .map(|f| serde_json::json!({"name": f.name, "help": f.help}))
+            .collect();
+        serde_json::Value::from(fields).to_string()
+    })
 }
 
 /// Parses and checks a tier configuration exactly as `kvt_tier_new` does, without
@@ -214,15 +210,31 @@ pub extern "C" fn kvt_stats_fields() -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn kvt_config_check(config_json: *const c_char) -> Status {
     guard("kvt_config_check", || {
-        if config_json.is_null() {
-            return Err(Error::new(Status::NullArgument, "config_json is NULL"));
-        }
-        // SAFETY: non-NULL, and a NUL-terminated string by the header's contract.
-        let json = unsafe { CStr::from_ptr(config_json) }
-            .to_str()
-            .map_err(|_| Error::config("config_json is not valid UTF-8"))?;
-        crate::config::TierConfig::from_json(json).map(drop)
+        // SAFETY: NULL or a NUL-terminated string, by the header's contract.
+        crate::config::TierConfig::from_json(unsafe { config_text(config_json) }?).map(drop)
     })
+}
+
+/// The configuration text a caller passed (`kvt_tier_new`, `kvt_config_check`).
+///
+/// # Safety
+/// `config_json` is NULL or a NUL-terminated string that outlives the returned borrow.
+unsafe fn config_text<'a>(config_json: *const c_char) -> crate::Result<&'a str> {
+    if config_json.is_null() {
+        return Err(Error::new(Status::NullArgument, "config_json is NULL"));
+    }
+    // SAFETY: non-NULL, and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(config_json) }
+        .to_str()
+        .map_err(|_| Error::config("config_json is not valid UTF-8"))
+}
+
+/// A string made once and kept for the life of the process, for exports that return
+/// static text.
+fn static_text(cell: &'static OnceLock<CString>, make: impl FnOnce() -> String) -> *const c_char {
+    // A NUL inside would be a library bug; the empty string still honours "never NULL".
+    cell.get_or_init(|| CString::new(make()).unwrap_or_default())
+        .as_ptr()
 }
 
 fn status_from_int(value: c_int) -> Option<Status> {
@@ -259,14 +271,8 @@ pub unsafe extern "C" fn kvt_tier_new(
         }
         // SAFETY: checked non-NULL above; the caller passes a writable pointer.
         unsafe { *out_tier = std::ptr::null_mut() };
-        if config_json.is_null() {
-            return Err(Error::new(Status::NullArgument, "config_json is NULL"));
-        }
-        // SAFETY: non-NULL, and a NUL-terminated string by the header's contract.
-        let json = unsafe { CStr::from_ptr(config_json) }
-            .to_str()
-            .map_err(|_| Error::config("config_json is not valid UTF-8"))?;
-        let tier = Tier::from_json(json)?;
+        // SAFETY: NULL or a NUL-terminated string, by the header's contract.
+        let tier = Tier::from_json(unsafe { config_text(config_json) }?)?;
         let handle = Box::new(kvt_tier {
             magic: TIER_MAGIC,
             pid: current_pid(),
