@@ -80,7 +80,7 @@ fi
 stamp_of() {
     (
         cd "$ROOT/python"
-        sha256sum "$LIB" pyproject.toml setup.py README.md kvtier/*.py kvtier/py.typed
+        sha256sum "$LIB" pyproject.toml setup.py README.md $(find kvtier -name "*.py" | LC_ALL=C sort) kvtier/py.typed
         "$VPY" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null | grep -iE '^(setuptools|wheel|auditwheel)=='
     ) | sha256sum | cut -d' ' -f1
 }
@@ -98,9 +98,10 @@ fi
 STAGE=$(mktemp -d "$TARGET/wheel-build.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
 # Build from a copy: nothing is written into python/ (build/, egg-info, the library).
-mkdir -p "$STAGE/src/kvtier"
+mkdir -p "$STAGE/src"
 cp "$ROOT/python/pyproject.toml" "$ROOT/python/setup.py" "$ROOT/python/README.md" "$STAGE/src/"
-cp "$ROOT/python/kvtier/"*.py "$ROOT/python/kvtier/py.typed" "$STAGE/src/kvtier/"
+# The package and its subpackages (kvtier/vllm/), sources only: no caches, no library.
+(cd "$ROOT/python" && find kvtier \( -name "*.py" -o -name py.typed \) -exec cp --parents {} "$STAGE/src/" \;)
 say "building the wheel with $LIB"
 KVTIER_PREBUILT_LIBRARY=$LIB "$VPY" -m build --wheel --no-isolation --outdir "$STAGE/raw" "$STAGE/src" >"$STAGE/build.log" 2>&1 || {
     cat "$STAGE/build.log" >&2

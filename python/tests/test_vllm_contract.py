@@ -347,7 +347,7 @@ def test_22_drain_jobs_warns_after_five_seconds_and_never_gives_up(monkeypatch, 
             return 3
 
     clock = iter(float(t) for t in range(0, 100, 2))
-    monkeypatch.setattr(kv_vllm, "_monotonic", lambda: next(clock))
+    monkeypatch.setattr(kv_vllm.adapter, "_monotonic", lambda: next(clock))
     tier = KvtierTier.__new__(KvtierTier)
     tier._tier = SlowTier()
     with caplog.at_level(logging.WARNING, logger="kvtier.vllm"):

@@ -335,7 +335,7 @@ def test_an_unknown_tier_interface_fails_at_construction_with_a_clear_message(st
         job_id: int
         success: bool
 
-    monkeypatch.setattr(kv_vllm, "JobResult", OlderJobResult)
+    monkeypatch.setattr(kv_vllm._shims, "JobResult", OlderJobResult)  # what the interface check reads
     with pytest.raises(RuntimeError, match=r"vLLM 0\.33.*JobResult\.transfer_bytes"):
         Engine([tier_entry(store)], model=MODEL, engine_id=f"old-{uuid.uuid4().hex[:8]}")
 

@@ -1,0 +1,168 @@
+"""vLLM's obj-tier keywords -> kvtier's tier configuration.
+
+vLLM configures its obj tier with one flat ``store_config`` (NIXL's ``ObjStoreConfig``
+names) beside the tier's keywords (``prefix``, ``io_threads``, ``enable_kv_events``,
+``locality``); kvtier has the tier's keys at the top of its configuration and the
+store's below ``store``. This module lifts the tier's keys out of ``store_config``,
+applies vLLM's defaults and "empty means unset" rules, and refuses NIXL settings kvtier
+cannot honour.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any, Mapping
+
+from .._engine_adapter import drop_unset, split_flat_config
+from ._shims import Locality
+
+logger = logging.getLogger("kvtier.vllm")
+
+#: Keys of ``store_config`` that configure the tier rather than the store.
+TIER_KEYS = frozenset(
+    {
+        "max_inflight_transfers",
+        "max_inflight_lookups",
+        "runtime_threads",
+        "shutdown_timeout_ms",
+        "key_bytes",
+        "checksums",
+        "on_corrupt",
+        "dedup",
+        "known_keys_capacity",
+        "known_keys_ttl_ms",
+        "eviction",
+        "file_io_threads",
+    }
+)
+#: vLLM sends these only when non-empty; empty means "use the default (credential chain...)".
+_OMIT_WHEN_EMPTY = ("access_key", "secret_key", "session_token", "region", "ca_bundle")
+#: Optional S3 settings (#56192) that vLLM sends only when set.
+_OMIT_WHEN_NONE = ("use_virtual_addressing", "req_checksum", "resp_checksum", "scheme", "endpoint_override")
+#: NIXL parameter names that vLLM's ``backend_params`` may not override (#56192).
+_RESERVED_BACKEND_PARAMS = frozenset(
+    {
+        "bucket",
+        "endpoint_override",
+        "access_key",
+        "secret_key",
+        "session_token",
+        "region",
+        "scheme",
+        "ca_bundle",
+        "num_threads",
+        "use_virtual_addressing",
+        "req_checksum",
+        "resp_checksum",
+        "accelerated",
+        "type",
+    }
+)
+_STORE_TYPES = ("s3", "local", "memory", "azure", "gcs")
+_TRUE_WORDS = {"1", "true", "yes", "y", "on", "enable"}
+
+
+def parse_locality(locality: Any):
+    """``None``, or vLLM's ``Locality`` for exactly ``"LOCAL"`` / ``"REMOTE"``; else ValueError."""
+    if locality is None:
+        return None
+    if isinstance(locality, enum.Enum):
+        locality = locality.value
+    if not isinstance(locality, str):
+        raise ValueError(f"locality must be 'LOCAL', 'REMOTE' or None, not {locality!r}")
+    return Locality(locality)  # ValueError for anything but the exact enum values
+
+
+def build_tier_config(
+    store_config: Mapping[str, Any],
+    *,
+    prefix: str = "",
+    namespace: str = "",
+    io_threads: int | None = None,
+    enable_kv_events: bool = False,
+    locality: Any = None,
+) -> dict:
+    """kvtier's tier configuration for vLLM's obj-tier keywords.
+
+    ``store_config`` takes vLLM's ``ObjStoreConfig`` names (bucket, endpoint_override,
+    scheme, access_key, secret_key, session_token, region, ca_bundle,
+    use_virtual_addressing, req_checksum, resp_checksum) and kvtier's extras: ``type``
+    (``s3`` — the default when a bucket is given —, ``local`` with ``path``, or
+    ``memory``), the tier keys in :data:`TIER_KEYS`, and the S3 client keys
+    (connect_timeout_ms, request_timeout_ms, max_retries, payload_signing, allow_http).
+    As in vLLM, ``scheme`` defaults to ``http`` when an ``endpoint_override`` is given
+    and empty credentials/region/CA bundle are left out.
+    """
+    if not isinstance(store_config, Mapping):
+        raise TypeError(f"store_config must be a dict, not {type(store_config).__name__}")
+    tier, store = split_flat_config(store_config, TIER_KEYS)
+
+    accelerated = store.pop("accelerated", None)
+    if accelerated is True or (isinstance(accelerated, str) and accelerated.lower() in _TRUE_WORDS):
+        raise ValueError("store_config.accelerated: kvtier has no accelerated (RDMA) NIXL engines; remove it")
+    backend_params = store.pop("backend_params", None)
+    if backend_params:
+        if not isinstance(backend_params, Mapping):
+            raise ValueError("store_config.backend_params must be a dict")
+        reserved = sorted(_RESERVED_BACKEND_PARAMS & backend_params.keys())
+        if reserved:
+            raise ValueError(f"store_config.backend_params may not set reserved keys {reserved}")
+        logger.warning("store_config.backend_params %s are NIXL settings; kvtier ignores them", sorted(backend_params))
+
+    store_type = store.pop("type", None) or None
+    if store_type is None:
+        if "bucket" not in store:
+            raise ValueError(
+                "store_config needs a 'bucket' (S3), or 'type': 'local' with a 'path', or 'type': 'memory'"
+            )
+        store_type = "s3"
+    if store_type not in _STORE_TYPES:
+        raise ValueError(
+            f"store_config.type {store_type!r}: kvtier stores are {', '.join(_STORE_TYPES)} "
+            "(NIXL accelerated engine types are not supported)"
+        )
+    if store_type == "s3":
+        drop_unset(store, _OMIT_WHEN_EMPTY)
+        drop_unset(store, _OMIT_WHEN_NONE, unset=(None,))
+        if store.get("endpoint_override") and "scheme" not in store:
+            store["scheme"] = "http"  # vLLM's default (NIXL's own would be https)
+
+    config: dict[str, Any] = {"store": {"type": store_type, **store}, "prefix": prefix}
+    if namespace:
+        config["namespace"] = namespace
+    # vLLM's keys are whatever the hash algorithm makes them (32-byte SHA-256 hashes by
+    # default, 8 bytes for xxhash): accept any length unless the user pins one.
+    config["key_bytes"] = 0
+    if io_threads is not None:
+        # NIXL's io_threads is the executor that caps concurrent requests. kvtier's
+        # concurrency comes from max_inflight_transfers/_lookups; io_threads sizes the
+        # async runtime driving them.
+        config["runtime_threads"] = max(1, min(int(io_threads), 256))
+    config.update(tier)
+    config["enable_kv_events"] = bool(enable_kv_events)
+    loc = parse_locality(locality)
+    if loc is not None:
+        config["locality"] = loc.name
+    return config
+
+
+def describe_location(config: Mapping[str, Any]) -> str:
+    """Where a tier's objects go, for logs and vLLM's info metric; never a credential."""
+    store = config["store"]
+    prefix = config.get("prefix", "")
+    objects = "/".join(p for p in (prefix.strip("/"), config.get("namespace", "")) if p)
+    if store["type"] == "s3":
+        endpoint = store.get("endpoint_override") or "AWS"
+        if "://" not in endpoint and store.get("endpoint_override"):
+            endpoint = f"{store.get('scheme', 'https')}://{endpoint}"
+        where = f"{endpoint}/{store['bucket']}"
+    elif store["type"] == "local":
+        where = f"file://{store.get('path', '')}"
+    elif store["type"] == "azure":
+        where = f"azure://{store.get('account', '')}/{store.get('container', '')}"
+    elif store["type"] == "gcs":
+        where = f"gs://{store.get('bucket', '')}"
+    else:
+        where = "memory:"
+    return f"{where}/{objects}" if objects else where
