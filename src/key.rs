@@ -143,10 +143,11 @@ impl KeyLayout {
 
     /// A name under the base that no block can ever have, for connectivity probes.
     pub fn probe_name(&self) -> String {
+        use crate::store::PROBE_SEGMENT;
         if self.base.is_empty() {
-            "__kvtier_probe__/connectivity_test".to_string()
+            format!("{PROBE_SEGMENT}/connectivity_test")
         } else {
-            format!("{}/__kvtier_probe__/connectivity_test", self.base)
+            format!("{}/{PROBE_SEGMENT}/connectivity_test", self.base)
         }
     }
 }

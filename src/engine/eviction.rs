@@ -106,23 +106,19 @@ pub(crate) async fn run(shared: Arc<Shared>, config: EvictionConfig) {
 
 /// One round: list, choose, delete, report.
 pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<EvictionReport> {
-    let base = object_path(shared.layout.base());
+    let base = shared.layout.base();
     let store = &shared.lookup_store;
-    let mut listing = store.client().list(Some(&base));
+    let mut listing = store.list(base);
     let mut blocks = Vec::new();
-    while let Some(meta) = listing.next().await {
-        let meta = meta.map_err(|e| {
-            Error::new(
-                crate::store::classify(&e),
-                format!("eviction: list {base}: {e}"),
-            )
-        })?;
+    while let Some(object) = listing.next().await {
+        let object = object
+            .map_err(|e| Error::new(e.status, format!("eviction: list {base}: {}", e.message)))?;
         // Only blocks of this layout: never probe objects or anything else under the base.
-        if shared.layout.key_of(meta.location.as_ref()).is_some() {
+        if shared.layout.key_of(&object.name).is_some() {
             blocks.push(EvictionCandidate {
-                name: meta.location.to_string(),
-                bytes: meta.size,
-                modified: meta.last_modified.into(),
+                name: object.name,
+                bytes: object.bytes,
+                modified: object.modified,
             });
         }
     }

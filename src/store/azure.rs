@@ -5,18 +5,27 @@ use std::sync::Arc;
 use object_store::azure::MicrosoftAzureBuilder;
 
 use super::classify::error_chain;
-use super::http_options::{client_options, is_http, retry_config, CountingConnector, RetryLedger};
+use super::endpoint::{parse_endpoint, Endpoint};
+use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::AzureConfig;
 use crate::error::{Error, Result};
 
 /// The account URL requests go to: `endpoint`, or Azure's public one for the account.
-pub(crate) fn account_url(azure: &AzureConfig) -> String {
-    if azure.endpoint.is_empty() {
-        format!("https://{}.blob.core.windows.net", azure.account)
+pub(crate) fn account_endpoint(azure: &AzureConfig) -> Result<Endpoint> {
+    let (key, text) = if azure.endpoint.is_empty() {
+        (
+            "account",
+            format!("https://{}.blob.core.windows.net", azure.account),
+        )
     } else {
-        azure.endpoint.trim_end_matches('/').to_string()
-    }
+        ("endpoint", azure.endpoint.clone())
+    };
+    parse_endpoint(&text, "https").map_err(|why| {
+        Error::config(format!(
+            "store.{key} gives {text:?}, not a usable endpoint: {why}"
+        ))
+    })
 }
 
 /// Where the credentials come from, for messages.
@@ -31,9 +40,11 @@ pub(crate) fn credential_source(azure: &AzureConfig) -> &'static str {
 }
 
 /// An Azure Blob client for the configured container.
-pub(super) fn open(azure: &AzureConfig) -> Result<(DynStore, Arc<RetryLedger>)> {
-    let url = account_url(azure);
-    let allow_http = is_http(&url);
+pub(super) fn open(
+    azure: &AzureConfig,
+    endpoint: &Endpoint,
+) -> Result<(DynStore, Arc<RetryLedger>)> {
+    let allow_http = !endpoint.tls();
     let options = client_options(
         azure.connect_timeout_ms,
         azure.request_timeout_ms,
@@ -57,7 +68,7 @@ pub(super) fn open(azure: &AzureConfig) -> Result<(DynStore, Arc<RetryLedger>)> 
         .with_http_connector(connector)
         .with_account(&azure.account)
         .with_container_name(&azure.container)
-        .with_endpoint(url)
+        .with_endpoint(endpoint.url())
         .with_allow_http(allow_http)
         .with_client_options(options)
         .with_retry(retry_config(azure.request_timeout_ms, azure.max_retries))
@@ -88,15 +99,16 @@ mod tests {
 
     #[test]
     fn account_url_defaults_to_azure() {
+        let url = |c: &AzureConfig| account_endpoint(c).unwrap().to_string();
         assert_eq!(
-            account_url(&azure(r#"{"account":"acct","container":"c"}"#)),
+            url(&azure(r#"{"account":"acct","container":"c"}"#)),
             "https://acct.blob.core.windows.net"
         );
         let c = azure(
             r#"{"account":"devstoreaccount1","container":"c","endpoint":"http://127.0.0.1:10000/devstoreaccount1/"}"#,
         );
-        assert_eq!(account_url(&c), "http://127.0.0.1:10000/devstoreaccount1");
-        assert!(is_http(&account_url(&c)));
+        assert_eq!(url(&c), "http://127.0.0.1:10000/devstoreaccount1");
+        assert!(!account_endpoint(&c).unwrap().tls());
     }
 
     #[test]

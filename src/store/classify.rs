@@ -5,20 +5,67 @@ use std::time::Duration;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
+use super::answer::Answer;
 use super::DynStore;
 use crate::error::{Error, Status};
 
+/// A store request that failed, with the store's answer to it where it answered.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: object_store::Error,
+    /// The answer of the request's last exchange, when that was an HTTP error status.
+    pub(crate) answer: Option<Answer>,
+}
+
+impl Failed {
+    /// A failure seen without an answer: a body cut short after a success status, a task
+    /// that failed.
+    pub(crate) fn unanswered(error: object_store::Error) -> Failed {
+        Failed {
+            error,
+            answer: None,
+        }
+    }
+
+    /// The store's error code of the answer, if any.
+    pub(crate) fn code(&self) -> Option<&str> {
+        self.answer.as_ref()?.code.as_deref()
+    }
+
+    /// The HTTP status of the answer, if any.
+    pub(crate) fn http_status(&self) -> Option<u16> {
+        self.answer.as_ref().map(|a| a.status)
+    }
+
+    /// The error and its sources as one line, for messages.
+    pub(crate) fn chain(&self) -> String {
+        error_chain(&self.error)
+    }
+}
+
+/// Runs one store request, keeping the store's answer with its error.
+pub(crate) async fn answered<T>(
+    request: impl std::future::Future<Output = object_store::Result<T>>,
+) -> Result<T, Failed> {
+    let (result, answer) = super::answer::observed(request).await;
+    result.map_err(|error| Failed { error, answer })
+}
+
 /// A failed operation on one object, as the error a job reports.
-pub(crate) fn op_error(op: &str, path: &Path, e: &object_store::Error) -> Error {
-    if let object_store::Error::JoinError { source } = e {
+pub(crate) fn op_error(op: &str, path: &Path, failed: &Failed) -> Error {
+    if let object_store::Error::JoinError { source } = &failed.error {
         // The store's blocking task was abandoned at shutdown: the job is cancelled.
         return Error::join(&format!("{op} {path}"), source);
     }
     // classify maps a 416 / InvalidRange answer to LengthMismatch itself.
-    let status = classify(e);
+    let status = classify(failed);
     Error::new(
         status,
-        with_tls_advice(format!("{op} {path}: {}", error_chain(e)), status, e),
+        with_tls_advice(
+            format!("{op} {path}: {}", failed.chain()),
+            status,
+            &failed.error,
+        ),
     )
 }
 
@@ -51,13 +98,6 @@ pub(crate) fn with_tls_advice(
         }
     };
     format!("{message} ({advice})")
-}
-
-/// The S3 error code in a response body (`<Code>NoSuchKey</Code>`), if any.
-pub(crate) fn s3_error_code(text: &str) -> Option<&str> {
-    let start = text.find("<Code>")? + "<Code>".len();
-    let len = text[start..].find("</Code>")?;
-    Some(&text[start..start + len])
 }
 
 pub(crate) fn status_of_s3_code(code: &str) -> Option<Status> {
@@ -159,37 +199,53 @@ pub(crate) fn tls_problem(error: &(dyn std::error::Error + 'static)) -> Option<T
     })
 }
 
-/// Maps a store error to the library status: by the S3 error code of the server's
-/// answer where there is one, else by `object_store`'s error variant (which carries the
-/// HTTP status class), else by the transport error's kind and the TLS library's error
-/// type. Never by the wording of a dependency's message.
-pub(crate) fn classify(error: &object_store::Error) -> Status {
+/// Maps a failed store request to the library status: by the store's error code in its
+/// answer where there is one (it tells a missing bucket from a missing key, and bad
+/// credentials from a refused permission), else by `object_store`'s error variant (which
+/// carries the HTTP status class), else by the answer's HTTP status, else by the transport
+/// error's kind and the TLS library's error type. Never by the wording of a message.
+pub(crate) fn classify(failed: &Failed) -> Status {
     use object_store::client::HttpErrorKind;
     use object_store::Error as E;
-    // The S3 error code of a response body is the most precise signal: it tells a
-    // missing bucket from a missing key, and bad credentials from a refused permission.
-    // It is the server's answer, carried in the error's text by object_store, which has
-    // no typed accessor for the body.
-    if let Some(status) = s3_error_code(&error_chain(error))
-        .and_then(|code| status_of_s3_code(code).or_else(|| status_of_cloud_code(code)))
-    {
+    if let Some(status) = failed.answer.as_ref().and_then(status_of_answer) {
         return status;
     }
-    match error {
+    match &failed.error {
         E::NotFound { .. } => return Status::NotFound,
         E::PermissionDenied { .. } => return Status::PermissionDenied,
         E::Unauthenticated { .. } => return Status::Auth,
         E::JoinError { .. } => return Status::Cancelled,
         _ => {}
     }
-    if tls_problem(error).is_some() {
+    if tls_problem(&failed.error).is_some() {
         return Status::Tls;
     }
-    match http_error(error).map(|http| http.kind()) {
+    match http_error(&failed.error).map(|http| http.kind()) {
         Some(HttpErrorKind::Connect) => Status::Connect,
         Some(HttpErrorKind::Timeout) => Status::Timeout,
         _ => Status::Io,
     }
+}
+
+/// The status a store's answer settles: by its error code, else by its HTTP status where
+/// that alone says what happened. Shared by the general client's failures and the direct
+/// path's answers.
+pub(crate) fn status_of_answer(answer: &Answer) -> Option<Status> {
+    if let Some(status) = answer
+        .code
+        .as_deref()
+        .and_then(|code| status_of_s3_code(code).or_else(|| status_of_cloud_code(code)))
+    {
+        return Some(status);
+    }
+    Some(match answer.status {
+        401 => Status::Auth,
+        403 => Status::PermissionDenied,
+        404 => Status::NotFound,
+        408 => Status::Timeout,
+        416 => Status::LengthMismatch,
+        _ => return None,
+    })
 }
 
 /// Whether a request that failed this way may have left no answer behind while the server
@@ -211,10 +267,9 @@ pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
 /// request's checksum (or signed payload hash): the body was damaged on the way, and
 /// nothing was stored. S3 answers `BadDigest` (checksum headers, Content-MD5) or
 /// `XAmzContentSHA256Mismatch` (a signed payload); Azure `Md5Mismatch`/`Crc64Mismatch`.
-pub(crate) fn is_damaged_body(error: &object_store::Error) -> bool {
-    let text = error_chain(error);
+pub(crate) fn is_damaged_body(failed: &Failed) -> bool {
     matches!(
-        s3_error_code(&text),
+        failed.code(),
         Some(
             "BadDigest"
                 | "InvalidDigest"
@@ -239,12 +294,12 @@ pub(super) async fn put_with_retries(
     options: object_store::PutOptions,
     retries: usize,
     damaged: &std::sync::atomic::AtomicU64,
-) -> object_store::Result<object_store::PutResult> {
+) -> Result<object_store::PutResult, Failed> {
     let mut options = options;
     let mut attempt = 0;
     loop {
         let create = matches!(options.mode, object_store::PutMode::Create);
-        let outcome = store.put_opts(path, payload.clone(), options.clone()).await;
+        let outcome = answered(store.put_opts(path, payload.clone(), options.clone())).await;
         let refused = matches!(&outcome, Err(e) if is_damaged_body(e));
         let why = match &outcome {
             Err(_) if refused => {
@@ -255,7 +310,7 @@ pub(super) async fn put_with_retries(
                 options.mode = object_store::PutMode::Overwrite;
                 "refused as damaged in transit"
             }
-            Err(e) if create && is_interrupted(e) => "interrupted",
+            Err(e) if create && is_interrupted(&e.error) => "interrupted",
             _ => return outcome,
         };
         if attempt >= retries {
@@ -276,7 +331,7 @@ pub(super) async fn put_with_retries(
         if let Err(e) = &outcome {
             log::info!(
                 "PUT {path} {why} ({}); retry {attempt} of {retries} in {} ms",
-                error_chain(e),
+                e.chain(),
                 backoff.as_millis()
             );
         }
@@ -319,9 +374,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn s3_codes_map_to_statuses() {
-        let body = "Server returned non-2xx status code: 403 Forbidden: <?xml?><Error><Code>SignatureDoesNotMatch</Code></Error>";
-        assert_eq!(s3_error_code(body), Some("SignatureDoesNotMatch"));
+    fn codes_map_to_statuses() {
         assert_eq!(
             status_of_s3_code("SignatureDoesNotMatch"),
             Some(Status::Auth)
@@ -335,15 +388,10 @@ mod tests {
             Some(Status::PermissionDenied)
         );
         assert_eq!(status_of_s3_code("SlowDown"), None);
-        assert_eq!(s3_error_code("no body"), None);
-    }
-
-    #[test]
-    fn azure_codes_map_to_statuses() {
-        let body = "Server returned non-2xx status code: 404 Not Found: <?xml version=\"1.0\"?><Error><Code>ContainerNotFound</Code><Message>The specified container does not exist.</Message></Error>";
-        let code = s3_error_code(body).unwrap();
-        assert_eq!(status_of_s3_code(code), None);
-        assert_eq!(status_of_cloud_code(code), Some(Status::BucketNotFound));
+        assert_eq!(
+            status_of_cloud_code("ContainerNotFound"),
+            Some(Status::BucketNotFound)
+        );
         assert_eq!(status_of_cloud_code("BlobNotFound"), Some(Status::NotFound));
         assert_eq!(
             status_of_cloud_code("AuthenticationFailed"),
@@ -358,12 +406,6 @@ mod tests {
             None,
             "an S3 code, mapped by status_of_s3_code"
         );
-        // A list or delete error comes back Generic: its code still decides.
-        let generic = object_store::Error::Generic {
-            store: "MicrosoftAzure",
-            source: body.into(),
-        };
-        assert_eq!(classify(&generic), Status::BucketNotFound);
     }
 
     #[test]
@@ -377,18 +419,19 @@ mod tests {
             rustls::CertificateError::UnknownIssuer,
         ));
         assert_eq!(tls_problem(&unknown), Some(TlsProblem::UnknownIssuer));
-        let message = with_tls_advice("load kv/x".into(), classify(&unknown), &unknown);
+        let status = classify(&Failed::unanswered(unknown));
+        let unknown = wrapped(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        let message = with_tls_advice("load kv/x".into(), status, &unknown);
         assert!(message.starts_with("load kv/x ("), "{message}");
         assert!(message.contains("store.ca_bundle"), "{message}");
         let not_tls = object_store::Error::NotFound {
             path: "kv/x".into(),
             source: "missing".into(),
         };
-        assert_eq!(
-            with_tls_advice("m".into(), classify(&not_tls), &not_tls),
-            "m"
-        );
-        assert_eq!(classify(&unknown), Status::Tls);
+        assert_eq!(with_tls_advice("m".into(), Status::NotFound, &not_tls), "m");
+        assert_eq!(status, Status::Tls);
         let plain = wrapped(rustls::Error::InvalidMessage(
             rustls::InvalidMessage::InvalidContentType,
         ));
@@ -402,6 +445,6 @@ mod tests {
             None,
             "words alone never make a TLS failure"
         );
-        assert_eq!(classify(&other), Status::Io);
+        assert_eq!(classify(&Failed::unanswered(other)), Status::Io);
     }
 }

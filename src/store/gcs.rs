@@ -9,7 +9,8 @@ use object_store::client::{
 use object_store::gcp::{GcpCredentialProvider, GoogleCloudStorageBuilder};
 
 use super::classify::error_chain;
-use super::http_options::{client_options, is_http, retry_config, CountingConnector, RetryLedger};
+use super::endpoint::{parse_endpoint, Endpoint};
+use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::GcsConfig;
 use crate::error::{Error, Result};
@@ -55,12 +56,23 @@ pub(super) struct GcsStore {
     pub(super) retries: Arc<RetryLedger>,
 }
 
-pub(super) fn open(gcs: &GcsConfig) -> Result<GcsStore> {
+/// [`base_url`], parsed.
+pub(crate) fn base_endpoint(gcs: &GcsConfig) -> Result<Endpoint> {
     let url = base_url(gcs);
+    parse_endpoint(&url, "https").map_err(|why| {
+        Error::config(format!(
+            "the GCS base URL {url:?} (store.endpoint, or the service-account file's gcs_base_url) \
+             is not a usable endpoint: {why}"
+        ))
+    })
+}
+
+pub(super) fn open(gcs: &GcsConfig, endpoint: &Endpoint) -> Result<GcsStore> {
+    let url = endpoint.url();
     let options = client_options(
         gcs.connect_timeout_ms,
         gcs.request_timeout_ms,
-        is_http(&url),
+        !endpoint.tls(),
         &gcs.ca_bundle,
     )?;
     // An explicit file leaves the environment out (a GOOGLE_SERVICE_ACCOUNT_KEY there
@@ -196,7 +208,8 @@ mod tests {
             .build()
             .unwrap();
         let _guard = runtime.enter();
-        let e = open(&c).err().expect("a missing file must fail");
+        let endpoint = base_endpoint(&c).unwrap();
+        let e = open(&c, &endpoint).err().expect("a missing file must fail");
         assert_eq!(e.status, crate::error::Status::Config, "{}", e.message);
         assert!(
             e.message.contains("/nonexistent/kvtier-sa.json"),

@@ -15,6 +15,7 @@ use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use super::answer;
 use crate::error::{Error, Result};
 
 /// Client options for an endpoint; `allow_http` when plain http is allowed.
@@ -82,12 +83,6 @@ fn load_ca_bundle(path: &str) -> Result<Vec<object_store::Certificate>> {
             })
         })
         .collect()
-}
-
-/// Whether a URL is plain http.
-pub(super) fn is_http(url: &str) -> bool {
-    url.get(..7)
-        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
 }
 
 // ------------------------------------------------------------------------------------
@@ -199,7 +194,52 @@ impl HttpService for Counting {
             Err(_) => true,
         };
         self.ledger.answered(key, failed);
-        answer
+        match answer {
+            Ok(response) if response.status().as_u16() >= 400 => observe_error(response).await,
+            other => {
+                answer::record(None);
+                other
+            }
+        }
+    }
+}
+
+/// Records what an error response says (its status, and the store's error code from the
+/// `x-ms-error-code` header or the XML body) for the operation under way, and hands the
+/// response on with the same body, which `object_store` reads for its own error.
+async fn observe_error(response: HttpResponse) -> std::result::Result<HttpResponse, HttpError> {
+    let status = response.status().as_u16();
+    let code_header = response
+        .headers()
+        .get("x-ms-error-code")
+        .map(|h| h.as_bytes().to_vec());
+    let declared = response
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let (parts, body) = response.into_parts();
+    if declared.is_some_and(|bytes| bytes > answer::MAX_ERROR_BODY as u64) {
+        answer::record(Some(answer::Answer::of(
+            status,
+            code_header.as_deref(),
+            b"",
+        )));
+        return Ok(HttpResponse::from_parts(parts, body));
+    }
+    match body.bytes().await {
+        Ok(bytes) => {
+            answer::record(Some(answer::Answer::of(
+                status,
+                code_header.as_deref(),
+                &bytes,
+            )));
+            Ok(HttpResponse::from_parts(parts, bytes.into()))
+        }
+        Err(e) => {
+            // The answer was cut short: object_store would have failed reading it the same way.
+            answer::record(None);
+            Err(e)
+        }
     }
 }
 

@@ -45,8 +45,10 @@ const PIECE: usize = 256 << 10;
 const DIRECT_ALIGN: usize = 4096;
 /// Directories remembered as existing; forgotten whole when full (a cache, never a truth).
 const MAX_REMEMBERED_DIRS: usize = 65_536;
-/// Temporary files start with this; object names never start with a dot.
+/// Temporary files start with this: a [`super::TEMPORARY_START`] name, which no object has.
 pub(crate) const TEMP_PREFIX: &str = ".kvtier-tmp-";
+/// The start-up writability check's file starts with this, a [`super::TEMPORARY_START`] name.
+const WRITE_PROBE_PREFIX: &str = ".kvtier-write-probe-";
 
 /// The file operations of one local store.
 pub(super) struct LocalFiles {
@@ -107,7 +109,7 @@ pub(super) fn check_writable(root: &FsPath) -> Result<()> {
     let nonce = start_nonce();
     // A name no object can have (object names never start with a dot).
     let probe = root.join(format!(
-        ".kvtier-write-probe-{}-{nonce}",
+        "{WRITE_PROBE_PREFIX}{}-{nonce}",
         std::process::id()
     ));
     let written = std::fs::OpenOptions::new()
@@ -581,6 +583,21 @@ fn make_dir(root: &FsPath, dir: &FsPath) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn short_lived_files_are_temporary_objects() {
+        use super::super::ObjectKind;
+        for prefix in [super::TEMP_PREFIX, super::WRITE_PROBE_PREFIX] {
+            assert_eq!(
+                ObjectKind::of(&format!("kv/ns/{prefix}12-0")),
+                ObjectKind::Temporary
+            );
+            assert_eq!(
+                ObjectKind::of(&format!("{prefix}1-2")),
+                ObjectKind::Temporary
+            );
+        }
+    }
+
     use super::*;
 
     fn files(dir: &FsPath, o_direct: bool, fsync: FsyncPolicy) -> Arc<LocalFiles> {

@@ -5,20 +5,24 @@
 //!
 //! Data flows one way: the engine calls a `Store`; a `Store` never calls the engine.
 
+mod answer;
 mod azure;
 mod classify;
 mod credentials;
 pub(crate) mod direct;
+pub(crate) mod endpoint;
 mod gcs;
 mod http_options;
 mod local;
 mod probe;
 mod s3;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
+use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
@@ -31,12 +35,13 @@ use crate::integrity;
 use crate::pool::BlockSlot;
 
 pub use classify::error_chain;
-pub(crate) use classify::{classify, op_error};
+pub(crate) use classify::{answered, classify, op_error, Failed};
 pub use credentials::CredentialSource;
 pub(crate) use local::ExistenceChecks;
 pub use probe::ProbeOutcome;
 
 use direct::{DirectError, DirectHttp};
+use endpoint::Endpoint;
 
 /// An `object_store` client.
 pub type DynStore = Arc<dyn ObjectStore>;
@@ -76,6 +81,9 @@ pub struct Store {
     /// The zero-copy GET/HEAD path of plain-http S3 endpoints, if any.
     direct: Option<Arc<DirectHttp>>,
     describe: String,
+    /// Where requests go: `None` for the local and memory stores, and for AWS itself (whose
+    /// endpoint the client derives from the region).
+    endpoint: Option<Endpoint>,
     /// Retries (after the first attempt) of one request.
     max_retries: usize,
     direct_requests: AtomicU64,
@@ -84,6 +92,9 @@ pub struct Store {
     damaged_uploads: AtomicU64,
     /// Requests the HTTP client repeated (none for the local and memory stores).
     retries: Option<Arc<http_options::RetryLedger>>,
+    /// The store refused a whole batch delete (a server without DeleteObjects): later
+    /// deletes of many objects go one at a time.
+    batch_delete_refused: AtomicBool,
 }
 
 /// What a block write found.
@@ -105,6 +116,7 @@ pub(crate) struct ReadBlock {
 
 /// What [`Store::check_object`] read: an object's length and checksums, as a load sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ObjectCheck {
     /// Bytes read.
     pub bytes: u64,
@@ -145,10 +157,10 @@ impl Store {
     /// file. Must be called inside the tokio runtime that will run its requests (an HTTP
     /// client's connections belong to the runtime that opens them).
     pub fn open(config: &StoreConfig) -> Result<Store> {
-        let (client, backend, direct, max_retries, retries) = match config {
+        let (client, backend, direct, max_retries, retries, endpoint) = match config {
             StoreConfig::Local(local) => {
                 let (client, files) = local::open(local)?;
-                (client, Backend::Local { files }, None, 0, None)
+                (client, Backend::Local { files }, None, 0, None, None)
             }
             StoreConfig::Memory(_) => (
                 Arc::new(InMemory::new()) as DynStore,
@@ -156,9 +168,11 @@ impl Store {
                 None,
                 0,
                 None,
+                None,
             ),
             StoreConfig::S3(config) => {
-                let built = s3::open(config)?;
+                let endpoint = s3::endpoint(config)?;
+                let built = s3::open(config, endpoint.as_ref())?;
                 let backend = Backend::S3 {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: built.credentials,
@@ -171,37 +185,52 @@ impl Store {
                     built.direct,
                     config.max_retries,
                     retries,
+                    endpoint,
                 )
             }
             StoreConfig::Azure(config) => {
+                let endpoint = azure::account_endpoint(config)?;
                 let backend = Backend::Azure {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: azure::credential_source(config),
                 };
-                let (client, retries) = azure::open(config)?;
-                (client, backend, None, config.max_retries, Some(retries))
+                let (client, retries) = azure::open(config, &endpoint)?;
+                let retries = Some(retries);
+                let max_retries = config.max_retries;
+                (client, backend, None, max_retries, retries, Some(endpoint))
             }
             StoreConfig::Gcs(config) => {
-                let built = gcs::open(config)?;
+                let endpoint = gcs::base_endpoint(config)?;
+                let built = gcs::open(config, &endpoint)?;
                 let backend = Backend::Gcs {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: gcs::credential_source(config),
                     bucket_check: built.bucket_check,
                 };
                 let retries = Some(built.retries);
-                (built.client, backend, None, config.max_retries, retries)
+                let max_retries = config.max_retries;
+                (
+                    built.client,
+                    backend,
+                    None,
+                    max_retries,
+                    retries,
+                    Some(endpoint),
+                )
             }
         };
         Ok(Store {
             client,
             backend,
             direct,
-            describe: describe(config),
+            describe: describe(config, endpoint.as_ref()),
+            endpoint,
             max_retries,
             direct_requests: AtomicU64::new(0),
             direct_fallbacks: AtomicU64::new(0),
             damaged_uploads: AtomicU64::new(0),
             retries,
+            batch_delete_refused: AtomicBool::new(false),
         })
     }
 
@@ -213,6 +242,15 @@ impl Store {
     /// The store in words, for messages: "s3 bucket \"kv\" at http://…".
     pub fn describe(&self) -> &str {
         &self.describe
+    }
+
+    /// Whether requests to the store go over TLS: an https endpoint, or AWS itself.
+    pub fn uses_tls(&self) -> bool {
+        match (&self.backend, &self.endpoint) {
+            (Backend::Local { .. } | Backend::Memory, _) => false,
+            (_, Some(endpoint)) => endpoint.tls(),
+            (_, None) => true,
+        }
     }
 
     pub(crate) fn direct_counts(&self) -> DirectCounts {
@@ -262,19 +300,12 @@ impl Store {
                 }
             }
         }
-        match self.client.head(path).await {
+        match answered(self.client.head(path)).await {
             Ok(_) => Ok(true),
             Err(e) => match classify(&e) {
                 Status::NotFound => Ok(false),
                 Status::PermissionDenied if missing_is_forbidden => Ok(false),
-                status => Err(Error::new(
-                    status,
-                    classify::with_tls_advice(
-                        format!("exists {path}: {}", error_chain(&e)),
-                        status,
-                        &e,
-                    ),
-                )),
+                _ => Err(op_error("exists", path, &e)),
             },
         }
     }
@@ -346,7 +377,10 @@ impl Store {
         .await
         {
             Ok(_) => Ok(Written::Stored),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(Written::AlreadyStored),
+            Err(Failed {
+                error: object_store::Error::AlreadyExists { .. },
+                ..
+            }) => Ok(Written::AlreadyStored),
             Err(e) => Err(op_error("store", path, &e)),
         }
     }
@@ -408,9 +442,7 @@ impl Store {
         let block_bytes = slot.len();
         // The whole object, without Range: servers that ignore Range answer 200 either way,
         // and the size in the answer's head settles the length before any byte is read.
-        let got = self
-            .client
-            .get_opts(path, GetOptions::default())
+        let got = answered(self.client.get_opts(path, GetOptions::default()))
             .await
             .map_err(|e| op_error("load", path, &e))?;
         if got.meta.size != block_bytes as u64 {
@@ -446,7 +478,8 @@ impl Store {
                 let mut filled = 0usize;
                 let mut crc = 0u32;
                 while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(|e| op_error("load", path, &e))?;
+                    let chunk =
+                        chunk.map_err(|e| op_error("load", path, &Failed::unanswered(e)))?;
                     let Some(piece) = dest.get_mut(filled..filled + chunk.len()) else {
                         return Err(length_mismatch(
                             path,
@@ -484,9 +517,7 @@ impl Store {
     pub async fn check_object(&self, path: &Path) -> Result<ObjectCheck> {
         /// Bytes read from a local file at a time.
         const FILE_PIECE: usize = 1 << 20;
-        let got = self
-            .client
-            .get_opts(path, GetOptions::default())
+        let got = answered(self.client.get_opts(path, GetOptions::default()))
             .await
             .map_err(|e| op_error("verify", path, &e))?;
         match got.payload {
@@ -522,7 +553,8 @@ impl Store {
                 let recorded = integrity::recorded_checksum(&got.attributes);
                 let (mut bytes, mut computed) = (0u64, 0u32);
                 while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(|e| op_error("verify", path, &e))?;
+                    let chunk =
+                        chunk.map_err(|e| op_error("verify", path, &Failed::unanswered(e)))?;
                     computed = integrity::checksum_append(computed, &chunk);
                     bytes += chunk.len() as u64;
                 }
@@ -536,14 +568,133 @@ impl Store {
     }
 
     /// Deletes the object at `path`.
-    pub(crate) async fn delete(&self, path: &Path) -> Result<()> {
+    pub async fn delete(&self, path: &Path) -> Result<()> {
         if let Backend::Local { files } = &self.backend {
             return files.delete(path.as_ref());
         }
-        self.client
-            .delete(path)
+        answered(self.client.delete(path))
             .await
             .map_err(|e| op_error("delete", path, &e))
+    }
+
+    /// The objects whose names start with `prefix` (a `/`-separated path; "" for the whole
+    /// store), in the store's order. An error's message is the store's answer alone: the
+    /// caller says what was listed.
+    pub fn list(&self, prefix: &str) -> BoxStream<'static, Result<ObjectInfo>> {
+        use futures::StreamExt;
+        let prefix = (!prefix.is_empty()).then(|| object_path(prefix));
+        let listing = self.client.list(prefix.as_ref());
+        futures::stream::unfold(listing, |mut listing| async move {
+            // Each page is asked for while the stream is polled: observed there.
+            let (item, answer) = answer::observed(listing.next()).await;
+            let item = item?.map_err(|error| {
+                let failed = Failed { error, answer };
+                Error::new(classify(&failed), failed.chain())
+            });
+            let info = item.map(|meta| {
+                let name = meta.location.to_string();
+                ObjectInfo {
+                    kind: ObjectKind::of(&name),
+                    name,
+                    bytes: meta.size,
+                    modified: meta.last_modified.into(),
+                }
+            });
+            Some((info, listing))
+        })
+        .boxed()
+    }
+
+    /// Deletes the objects named `names`, many per request where the store takes batches
+    /// (S3's DeleteObjects, Azure's blob batch), and answers for each name, in their order,
+    /// whether it is gone: deleted now, or not there ("not found" counts as gone). A store
+    /// that refuses a whole batch (a server without DeleteObjects) is asked one object at a
+    /// time, then and from then on.
+    pub async fn delete_objects(&self, names: &[String]) -> Vec<(String, Result<()>)> {
+        use futures::StreamExt;
+        /// Objects per batch: S3's DeleteObjects takes up to 1000 keys.
+        const BATCH: usize = 1000;
+        /// Single deletes in flight at once where batches are refused.
+        const SINGLE_DELETES_IN_FLIGHT: usize = 16;
+        let gone = |name: &str, failed: Option<Failed>| -> Result<()> {
+            match failed {
+                None => Ok(()),
+                Some(f) if matches!(f.error, object_store::Error::NotFound { .. }) => Ok(()),
+                Some(f) => Err(op_error("delete", &object_path(name), &f)),
+            }
+        };
+        let mut outcomes = Vec::with_capacity(names.len());
+        for chunk in names.chunks(BATCH) {
+            if !self.batch_delete_refused.load(Ordering::Relaxed) {
+                let paths: Vec<_> = chunk.iter().map(|n| Ok(object_path(n))).collect();
+                let (results, answer) = answer::observed(
+                    self.client
+                        .delete_stream(futures::stream::iter(paths).boxed())
+                        .collect::<Vec<_>>(),
+                )
+                .await;
+                let any_gone = results
+                    .iter()
+                    .any(|r| matches!(r, Ok(_) | Err(object_store::Error::NotFound { .. })));
+                if results.len() == chunk.len() && (any_gone || results.iter().all(|r| r.is_ok())) {
+                    // One result per object, in the order asked.
+                    for (name, result) in chunk.iter().zip(results) {
+                        let failed = result.err().map(Failed::unanswered);
+                        outcomes.push((name.clone(), gone(name, failed)));
+                    }
+                    continue;
+                }
+                if !any_gone {
+                    let why: Vec<String> = results
+                        .into_iter()
+                        .filter_map(|r| r.err())
+                        .map(|error| {
+                            Failed {
+                                error,
+                                answer: answer.clone(),
+                            }
+                            .chain()
+                        })
+                        .collect();
+                    log::warn!(
+                        "{}: a batch delete was refused ({}); deleting one object at a time",
+                        self.describe,
+                        why.join("; ")
+                    );
+                    self.batch_delete_refused.store(true, Ordering::Relaxed);
+                }
+                // Else some of the batch is gone, but which is not known for each name:
+                // the batch is asked again one at a time (a name already gone is not found).
+            }
+            let singles: Vec<(String, Result<()>)> = futures::stream::iter(chunk)
+                .map(|name| async move {
+                    let outcome = answered(self.client.delete(&object_path(name))).await;
+                    (name.clone(), gone(name, outcome.err()))
+                })
+                .buffered(SINGLE_DELETES_IN_FLIGHT)
+                .collect()
+                .await;
+            outcomes.extend(singles);
+        }
+        outcomes
+    }
+
+    /// Reads the object at `path` whole, as it is stored (no checksum is looked for).
+    pub async fn read_object(&self, path: &Path) -> Result<Bytes> {
+        let got = answered(self.client.get(path))
+            .await
+            .map_err(|e| op_error("read", path, &e))?;
+        answered(got.bytes())
+            .await
+            .map_err(|e| op_error("read", path, &e))
+    }
+
+    /// Writes `body` at `path` as it is (overwriting; no checksum is recorded).
+    pub async fn write_object(&self, path: &Path, body: Bytes) -> Result<()> {
+        answered(self.client.put(path, PutPayload::from_bytes(body)))
+            .await
+            .map(|_| ())
+            .map_err(|e| op_error("write", path, &e))
     }
 
     /// Looks up a key that never exists, and fails with advice a user can act on if the
@@ -572,9 +723,23 @@ impl Store {
     }
 }
 
+/// One object of a [`Store::list`]ing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ObjectInfo {
+    /// The object's name (`/`-separated).
+    pub name: String,
+    pub bytes: u64,
+    /// When it was last written.
+    pub modified: SystemTime,
+    /// What it is, by its name.
+    pub kind: ObjectKind,
+}
+
 /// Whether a store refuses an upload whose body was damaged between the tier and the
 /// server (a flipped bit past TCP's checksum, a bad middlebox or NIC).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UploadCheck {
     /// The server verified the request's checksum (or signed payload hash) and refused the
     /// probe's damaged body: such an upload is sent again, never stored.
@@ -589,22 +754,16 @@ pub enum UploadCheck {
     HeaderRefused(String),
 }
 
-fn describe(config: &StoreConfig) -> String {
+/// The store in words: its kind, its bucket or container, and where it is. The one
+/// definition of a store's printable location.
+fn describe(config: &StoreConfig, endpoint: Option<&Endpoint>) -> String {
+    let at = || endpoint.map_or_else(|| "AWS".to_string(), Endpoint::url);
     match config {
         StoreConfig::Local(l) => format!("local directory {}", l.path.display()),
         StoreConfig::Memory(_) => "in-memory store".to_string(),
-        StoreConfig::S3(s3) => format!(
-            "s3 bucket {:?} at {}",
-            s3.bucket,
-            s3::endpoint_url(&s3.endpoint_override, s3.scheme.as_deref())
-                .unwrap_or_else(|| "AWS".to_string())
-        ),
-        StoreConfig::Azure(azure) => format!(
-            "azure container {:?} at {}",
-            azure.container,
-            azure::account_url(azure)
-        ),
-        StoreConfig::Gcs(gcs) => format!("gcs bucket {:?} at {}", gcs.bucket, gcs::base_url(gcs)),
+        StoreConfig::S3(s3) => format!("s3 bucket {:?} at {}", s3.bucket, at()),
+        StoreConfig::Azure(azure) => format!("azure container {:?} at {}", azure.container, at()),
+        StoreConfig::Gcs(gcs) => format!("gcs bucket {:?} at {}", gcs.bucket, at()),
     }
 }
 
@@ -615,6 +774,40 @@ fn length_mismatch(path: &Path, got: u64, want: usize) -> Error {
     )
 }
 
+/// The directory segment of the start-up probe's objects, under a prefix and namespace: a
+/// segment no block name can hold.
+pub const PROBE_SEGMENT: &str = "__kvtier_probe__";
+/// How the names of the local store's short-lived files start (temporary files before
+/// their rename, the start-up writability check): a dot, which no object name starts with.
+pub const TEMPORARY_START: &str = ".kvtier-";
+
+/// What an object in a tier's store is, told by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ObjectKind {
+    /// The tier's own: a block (or any other object under the prefix that is neither below).
+    Block,
+    /// One of the start-up probe's objects (below a [`PROBE_SEGMENT`] directory).
+    Probe,
+    /// A local store's file kept only for a moment (its last segment starts with
+    /// [`TEMPORARY_START`]).
+    Temporary,
+}
+
+impl ObjectKind {
+    /// The kind of the object named `name` (`/`-separated, as a listing gives it).
+    pub fn of(name: &str) -> ObjectKind {
+        let last = name.rsplit('/').next().unwrap_or(name);
+        if last.starts_with(TEMPORARY_START) {
+            ObjectKind::Temporary
+        } else if name.split('/').any(|segment| segment == PROBE_SEGMENT) {
+            ObjectKind::Probe
+        } else {
+            ObjectKind::Block
+        }
+    }
+}
+
 /// The one `Path` of an object name, used by every request about that object (PUT, GET,
 /// HEAD, DELETE, on the general and the direct path): `Path::parse` keeps the name as it
 /// is, so the HTTP layer percent-encodes it exactly once (`modèle` goes out as
@@ -623,4 +816,83 @@ fn length_mismatch(path: &Path, got: u64, want: usize) -> Error {
 /// falls back to `Path::from`.
 pub fn object_path(name: &str) -> Path {
     Path::parse(name).unwrap_or_else(|_| Path::from(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ObjectKind;
+
+    #[test]
+    fn object_kinds_by_name() {
+        assert_eq!(
+            ObjectKind::of("kv/ns/abc/de_g0/abcdef.bin"),
+            ObjectKind::Block
+        );
+        assert_eq!(
+            ObjectKind::of("kv/ns/__kvtier_probe__/connectivity_test-conditional-put"),
+            ObjectKind::Probe
+        );
+        assert_eq!(ObjectKind::of("__kvtier_probe__/cli-1"), ObjectKind::Probe);
+        assert_eq!(
+            ObjectKind::of("kv/ns/abc/de_g0/.kvtier-tmp-12-0"),
+            ObjectKind::Temporary
+        );
+        assert_eq!(
+            ObjectKind::of(".kvtier-write-probe-1-2"),
+            ObjectKind::Temporary
+        );
+        assert_eq!(
+            ObjectKind::of("kv/.kvtier-ns/abc/de_g0/abcdef.bin"),
+            ObjectKind::Block,
+            "only the last segment makes a temporary file"
+        );
+        let layout = crate::key::KeyLayout::new("kv", "ns").unwrap();
+        assert_eq!(ObjectKind::of(&layout.probe_name()), ObjectKind::Probe);
+    }
+
+    #[test]
+    fn tls_is_used_by_aws_https_and_https_urls() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let store = |json: serde_json::Value| {
+            let config: crate::config::StoreConfig = serde_json::from_value(json).unwrap();
+            super::Store::open(&config).unwrap()
+        };
+        let s3 = |extra: serde_json::Value| {
+            let mut json = serde_json::json!({"type": "s3", "bucket": "b", "access_key": "k",
+                "secret_key": "s", "region": "us-east-1", "allow_http": true});
+            json.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            store(json)
+        };
+        use serde_json::json;
+        let aws = s3(json!({}));
+        assert!(aws.uses_tls());
+        assert_eq!(aws.describe(), "s3 bucket \"b\" at AWS");
+        assert!(s3(json!({"endpoint_override": "h:9000"})).uses_tls());
+        let plain = s3(json!({"endpoint_override": "h:9000", "scheme": "http"}));
+        assert!(!plain.uses_tls());
+        assert_eq!(plain.describe(), "s3 bucket \"b\" at http://h:9000");
+        assert!(!s3(json!({"endpoint_override": "http://h:9000", "scheme": "https"})).uses_tls());
+        assert!(s3(json!({"endpoint_override": "HTTPS://h"})).uses_tls());
+        let azurite = store(json!({"type": "azure", "account": "a", "container": "c",
+            "access_key": "a2V5", "endpoint": "http://127.0.0.1:10000/a/"}));
+        assert!(!azurite.uses_tls());
+        assert_eq!(
+            azurite.describe(),
+            "azure container \"c\" at http://127.0.0.1:10000/a"
+        );
+        let azure =
+            store(json!({"type": "azure", "account": "a", "container": "c", "access_key": "a2V5"}));
+        assert!(azure.uses_tls());
+        let gcs = store(json!({"type": "gcs", "bucket": "g", "endpoint": "http://127.0.0.1:4443"}));
+        assert!(!gcs.uses_tls());
+        assert_eq!(gcs.describe(), "gcs bucket \"g\" at http://127.0.0.1:4443");
+        let local = store(json!({"type": "local", "path": std::env::temp_dir()}));
+        assert!(!local.uses_tls());
+    }
 }

@@ -7,13 +7,14 @@ use super::http_options::DamagedBody;
 use super::UploadCheck;
 
 use super::classify::{
-    classify, error_chain, is_damaged_body, s3_error_code, tls_problem, TlsProblem,
+    answered, classify, error_chain, is_damaged_body, tls_problem, Failed, TlsProblem,
 };
 use super::{object_path, Backend, Store};
 use crate::error::{Error, Result, Status};
 
 /// Outcome of the start-up connectivity probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProbeOutcome {
     /// The store answered "not found" (or found) for the probe key.
     Ready,
@@ -34,7 +35,7 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
     let path = object_path(probe_name);
     let describe = store.describe();
     let client = &store.client;
-    let head_error = match client.head(&path).await {
+    let head_error = match answered(client.head(&path)).await {
         Ok(_) => return Ok(ProbeOutcome::Ready),
         Err(e) => e,
     };
@@ -42,14 +43,13 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
         Status::NotFound | Status::PermissionDenied | Status::Auth => {}
         status => return Err(probe_error(status, &head_error, store)),
     }
-    let get_error = match client.get(&path).await {
+    let get_error = match answered(client.get(&path)).await {
         Ok(_) => return Ok(ProbeOutcome::Ready),
         Err(e) => e,
     };
-    let text = error_chain(&get_error);
     match classify(&get_error) {
         Status::NotFound => {}
-        Status::PermissionDenied if s3_error_code(&text) == Some("AccessDenied") => {
+        Status::PermissionDenied if get_error.code() == Some("AccessDenied") => {
             log::warn!(
                 "{describe}: the credentials get 403 AccessDenied for a missing key (no s3:ListBucket); \
                  starting anyway and treating 403 on existence checks as absent"
@@ -66,20 +66,21 @@ pub(super) async fn probe(store: &Store, probe_name: &str) -> Result<ProbeOutcom
         }
     }
     let directory = object_path(probe_name.rsplit_once('/').map_or("", |(dir, _)| dir));
-    match client.list_with_delimiter(Some(&directory)).await {
+    match answered(client.list_with_delimiter(Some(&directory))).await {
         Err(e) if classify(&e) == Status::BucketNotFound => {
             Err(probe_error(Status::BucketNotFound, &e, store))
         }
         Err(e) => {
-            log::debug!("{describe}: listing the probe directory failed ({}); the bucket answered GET, so starting", error_chain(&e));
+            log::debug!("{describe}: listing the probe directory failed ({}); the bucket answered GET, so starting", e.chain());
             Ok(ProbeOutcome::Ready)
         }
         Ok(_) => Ok(ProbeOutcome::Ready),
     }
 }
 
-fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Error {
-    let detail = error_chain(error);
+fn probe_error(status: Status, failed: &Failed, store: &Store) -> Error {
+    let detail = failed.chain();
+    let error = &failed.error;
     let describe = store.describe();
     let (ca_bundle, credentials) = match &store.backend {
         Backend::S3 {
@@ -116,9 +117,9 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
             "an http:// URL in store.endpoint",
         ),
         (_, Backend::Azure { .. } | Backend::Gcs { .. }) => {
-            cloud_advice(status, azure, &detail, &credentials)
+            cloud_advice(status, azure, failed.code(), &credentials)
         }
-        _ => s3_advice(status, error, ca_bundle, &detail, &credentials),
+        _ => s3_advice(status, failed, ca_bundle, &credentials),
     };
     let status = if status == Status::Timeout || status == Status::Io {
         Status::Connect
@@ -134,10 +135,8 @@ fn probe_error(status: Status, error: &object_store::Error, store: &Store) -> Er
 }
 
 /// What to do about a failed probe of an Azure Blob or GCS store.
-fn cloud_advice(status: Status, azure: bool, detail: &str, credentials: &str) -> String {
-    let code = s3_error_code(detail)
-        .map(|c| format!(" ({c})"))
-        .unwrap_or_default();
+fn cloud_advice(status: Status, azure: bool, code: Option<&str>, credentials: &str) -> String {
+    let code = code.map(|c| format!(" ({c})")).unwrap_or_default();
     match (status, azure) {
         (Status::Connect, _) => "the endpoint is unreachable: check store.endpoint and that the server is running".to_string(),
         (Status::BucketNotFound, true) => "the container does not exist: create it or fix store.container".to_string(),
@@ -163,21 +162,15 @@ fn cloud_advice(status: Status, azure: bool, detail: &str, credentials: &str) ->
 }
 
 /// What to do about a failed probe of an S3 store.
-fn s3_advice(
-    status: Status,
-    error: &object_store::Error,
-    ca_bundle: &str,
-    detail: &str,
-    credentials: &str,
-) -> String {
+fn s3_advice(status: Status, failed: &Failed, ca_bundle: &str, credentials: &str) -> String {
     match status {
         Status::Connect => "the endpoint is unreachable: check endpoint_override, scheme and that the server is running"
             .to_string(),
-        Status::Tls => tls_advice(tls_problem(error), ca_bundle, "endpoint_override", "scheme http"),
+        Status::Tls => tls_advice(tls_problem(&failed.error), ca_bundle, "endpoint_override", "scheme http"),
         Status::BucketNotFound => "the bucket does not exist: create it or fix store.bucket".to_string(),
         Status::Auth => format!(
             "the credentials were rejected{}: check the access key, secret key and session token, and the region{credentials}",
-            s3_error_code(detail).map(|c| format!(" ({c})")).unwrap_or_default()
+            failed.code().map(|c| format!(" ({c})")).unwrap_or_default()
         ),
         Status::PermissionDenied => format!(
             "access was denied: the credentials need s3:GetObject and s3:PutObject on the bucket{credentials}"
@@ -280,9 +273,7 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
     options
         .extensions
         .insert(DamagedBody(bytes::Bytes::from_static(DAMAGED)));
-    let check = match client
-        .put_opts(&path, PutPayload::from_static(BODY), options)
-        .await
+    let check = match answered(client.put_opts(&path, PutPayload::from_static(BODY), options)).await
     {
         Err(e) if is_damaged_body(&e) => {
             // Some servers keep the body they refused (s3s-fs 0.14 does).
@@ -290,7 +281,7 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
             UploadCheck::Verified
         }
         Err(e) => {
-            let text = error_chain(&e);
+            let text = e.chain();
             let sends_checksum = matches!(
                 store.backend,
                 Backend::S3 {
@@ -302,12 +293,15 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
             // carries it: asked once more with the body intact, so that the tier fails at
             // start with the fix instead of failing every store.
             if sends_checksum && refused_as_a_request(&e) {
-                match client
-                    .put_opts(&path, PutPayload::from_static(BODY), PutOptions::default())
-                    .await
+                match answered(client.put_opts(
+                    &path,
+                    PutPayload::from_static(BODY),
+                    PutOptions::default(),
+                ))
+                .await
                 {
                     Err(again) if refused_as_a_request(&again) => {
-                        return UploadCheck::HeaderRefused(error_chain(&again));
+                        return UploadCheck::HeaderRefused(again.chain());
                     }
                     Err(_) => {}
                     Ok(_) => {
@@ -337,14 +331,18 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
     check
 }
 
-/// A PUT refused for what it carries: the server's code says the request is invalid or
-/// not implemented (what a server answers a header it does not know), or its words name a
-/// checksum.
-fn refused_as_a_request(e: &object_store::Error) -> bool {
-    let text = error_chain(e);
-    !is_damaged_body(e)
-        && (matches!(
-            s3_error_code(&text),
-            Some("InvalidArgument" | "InvalidRequest" | "NotImplemented" | "BadRequest")
-        ) || text.to_ascii_lowercase().contains("checksum"))
+/// A PUT refused for what it carries: answered 400 or 501 (what a server answers a header
+/// it does not know) with a code that says the request is invalid or not implemented, or
+/// with no code that names another reason (credentials, a damaged body, a clock skew).
+fn refused_as_a_request(failed: &Failed) -> bool {
+    if is_damaged_body(failed) || !matches!(failed.http_status(), Some(400 | 501)) {
+        return false;
+    }
+    match failed.code() {
+        Some("InvalidArgument" | "InvalidRequest" | "NotImplemented" | "BadRequest") | None => true,
+        Some(code) => {
+            super::classify::status_of_s3_code(code).is_none()
+                && super::classify::status_of_cloud_code(code).is_none()
+        }
+    }
 }

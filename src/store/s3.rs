@@ -7,41 +7,40 @@ use object_store::aws::{AmazonS3Builder, Checksum};
 use super::classify::error_chain;
 use super::credentials::{resolve_credentials, CredentialSource};
 use super::direct::DirectHttp;
+use super::endpoint::{parse_endpoint, Endpoint};
 use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::{ChecksumPolicy, S3Config};
 use crate::error::{Error, Result};
 
-/// The endpoint URL for an `endpoint_override` that may or may not carry a scheme.
-pub(crate) fn endpoint_url(endpoint_override: &str, scheme: Option<&str>) -> Option<String> {
-    if endpoint_override.is_empty() {
-        return None;
+/// The endpoint of an `endpoint_override` that may or may not carry a scheme (`scheme`
+/// decides then, https by default); `None` for AWS itself.
+pub(crate) fn endpoint(s3: &S3Config) -> Result<Option<Endpoint>> {
+    if s3.endpoint_override.is_empty() {
+        return Ok(None);
     }
-    if endpoint_override.contains("://") {
-        return Some(endpoint_override.trim_end_matches('/').to_string());
-    }
-    Some(format!(
-        "{}://{}",
-        scheme.unwrap_or("https"),
-        endpoint_override.trim_end_matches('/')
-    ))
+    parse_endpoint(
+        &s3.endpoint_override,
+        s3.scheme.as_deref().unwrap_or("https"),
+    )
+    .map(Some)
+    .map_err(|why| {
+        Error::config(format!(
+            "store.endpoint_override {:?} is not a usable endpoint: {why}",
+            s3.endpoint_override
+        ))
+    })
 }
 
 /// The endpoint handed to `object_store`. With virtual-hosted addressing the bucket is
 /// part of the host name (`https://bucket.host:port`), as the AWS SDKs do with an
 /// endpoint override; `object_store` expects the caller to have done that.
-pub(crate) fn s3_endpoint(s3: &S3Config) -> Option<String> {
-    let url = endpoint_url(&s3.endpoint_override, s3.scheme.as_deref())?;
-    if !s3.use_virtual_addressing {
-        return Some(url);
+pub(crate) fn client_endpoint(s3: &S3Config, endpoint: &Endpoint) -> Endpoint {
+    if s3.use_virtual_addressing {
+        endpoint.with_host_label(&s3.bucket)
+    } else {
+        endpoint.clone()
     }
-    let (scheme, rest) = url
-        .split_once("://")
-        .expect("endpoint_url always has a scheme");
-    if rest.starts_with(&format!("{}.", s3.bucket)) {
-        return Some(url);
-    }
-    Some(format!("{scheme}://{}.{rest}", s3.bucket))
 }
 
 /// Whether PUTs carry `x-amz-checksum-crc64nvme`: unless `req_checksum` is `required`.
@@ -57,7 +56,7 @@ pub(super) struct S3Store {
     pub(super) retries: Arc<RetryLedger>,
 }
 
-pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
+pub(super) fn open(s3: &S3Config, endpoint: Option<&Endpoint>) -> Result<S3Store> {
     let resolved = resolve_credentials(s3, &|name| std::env::var(name).ok())?;
     let options = client_options(
         s3.connect_timeout_ms,
@@ -83,9 +82,9 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
     if sends_upload_checksum(s3) {
         builder = builder.with_checksum_algorithm(Checksum::CRC64NVME);
     }
-    let endpoint = s3_endpoint(s3);
-    if let Some(url) = &endpoint {
-        builder = builder.with_endpoint(url);
+    let endpoint = endpoint.map(|endpoint| client_endpoint(s3, endpoint));
+    if let Some(endpoint) = &endpoint {
+        builder = builder.with_endpoint(endpoint.url());
     }
     let region = &resolved.region;
     builder = builder.with_region(region);
@@ -103,8 +102,9 @@ pub(super) fn open(s3: &S3Config) -> Result<S3Store> {
             crate::redact::secrets(&error_chain(&e), &[&s3.secret_key, &s3.session_token])
         ))
     })?;
-    let direct =
-        endpoint.and_then(|url| DirectHttp::new(s3, &url, region, built.credentials().clone()));
+    let direct = endpoint.and_then(|endpoint| {
+        DirectHttp::new(s3, &endpoint.url(), region, built.credentials().clone())
+    });
     Ok(S3Store {
         client: Arc::new(built),
         credentials: resolved.source,
@@ -121,35 +121,62 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
+    fn endpoint_of(json: &str) -> Option<String> {
+        let c = s3(json);
+        endpoint(&c)
+            .unwrap()
+            .map(|e| client_endpoint(&c, &e).to_string())
+    }
+
     #[test]
-    fn endpoint_url_scheme_rules() {
-        assert_eq!(endpoint_url("", Some("http")), None);
+    fn the_scheme_is_the_urls_else_the_settings_else_https() {
+        assert_eq!(endpoint_of(r#"{"bucket":"b","scheme":"http"}"#), None);
+        let of = |override_: &str, scheme: Option<&str>| {
+            let mut json = serde_json::json!({"bucket": "b", "endpoint_override": override_});
+            if let Some(scheme) = scheme {
+                json["scheme"] = scheme.into();
+            }
+            endpoint_of(&json.to_string()).unwrap()
+        };
+        assert_eq!(of("localhost:9000", None), "https://localhost:9000");
+        assert_eq!(of("localhost:9000", Some("http")), "http://localhost:9000");
         assert_eq!(
-            endpoint_url("localhost:9000", None).unwrap(),
-            "https://localhost:9000"
-        );
-        assert_eq!(
-            endpoint_url("localhost:9000", Some("http")).unwrap(),
-            "http://localhost:9000"
-        );
-        assert_eq!(
-            endpoint_url("https://s3.example.com/", Some("http")).unwrap(),
+            of("https://s3.example.com/", Some("http")),
             "https://s3.example.com"
         );
+        assert_eq!(of("HTTPS://h", None), "https://h");
     }
 
     #[test]
     fn virtual_addressing_puts_the_bucket_in_the_host() {
-        let c = s3(
-            r#"{"bucket":"kv","endpoint_override":"minio.local:9000","scheme":"http","use_virtual_addressing":true}"#,
+        assert_eq!(
+            endpoint_of(
+                r#"{"bucket":"kv","endpoint_override":"minio.local:9000","scheme":"http","use_virtual_addressing":true}"#
+            )
+            .unwrap(),
+            "http://kv.minio.local:9000"
         );
-        assert_eq!(s3_endpoint(&c).unwrap(), "http://kv.minio.local:9000");
-        let c = s3(
-            r#"{"bucket":"kv","endpoint_override":"https://kv.minio.local","use_virtual_addressing":true}"#,
+        assert_eq!(
+            endpoint_of(
+                r#"{"bucket":"kv","endpoint_override":"https://kv.minio.local","use_virtual_addressing":true}"#
+            )
+            .unwrap(),
+            "https://kv.minio.local"
         );
-        assert_eq!(s3_endpoint(&c).unwrap(), "https://kv.minio.local");
-        let c = s3(r#"{"bucket":"kv","endpoint_override":"minio.local:9000"}"#);
-        assert_eq!(s3_endpoint(&c).unwrap(), "https://minio.local:9000");
-        assert_eq!(s3_endpoint(&s3(r#"{"bucket":"kv"}"#)), None);
+        assert_eq!(
+            endpoint_of(r#"{"bucket":"kv","endpoint_override":"minio.local:9000"}"#).unwrap(),
+            "https://minio.local:9000"
+        );
+    }
+
+    #[test]
+    fn an_unusable_override_is_a_config_error_naming_it() {
+        let e = endpoint(&s3(r#"{"bucket":"b","endpoint_override":"ftp://h"}"#)).unwrap_err();
+        assert_eq!(e.status, crate::error::Status::Config);
+        assert!(
+            e.message.contains("store.endpoint_override"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -25,6 +25,14 @@ pub enum Fault {
     Delay(Duration),
     /// Answer this HTTP status with an S3 error body, without asking the server.
     Status(u16),
+    /// Answer this HTTP status with this error code, without asking the server: in an XML
+    /// error body (`<Error><Code>`, as S3, Azure and GCS's XML API send it), or only in an
+    /// `x-ms-error-code` header (as Azure answers a HEAD) when `in_header`.
+    Answer {
+        status: u16,
+        code: &'static str,
+        in_header: bool,
+    },
     /// Read the request head and half its body, then close the connection.
     DropRequest,
     /// Read the request head and half its body, then reset the connection (RST, as a
@@ -64,6 +72,7 @@ impl Fault {
             Fault::Pass => "pass",
             Fault::Delay(_) => "delay",
             Fault::Status(_) => "status",
+            Fault::Answer { .. } => "answer",
             Fault::DropRequest => "drop_request",
             Fault::ResetRequest => "reset_request",
             Fault::CutResponse => "cut_response",
@@ -391,10 +400,30 @@ fn s3_code(status: u16) -> &'static str {
 }
 
 fn write_error(w: &mut impl Write, status: u16, head_request: bool) -> std::io::Result<()> {
-    let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>injected by the kvtier test proxy</Message></Error>",
-        s3_code(status)
-    );
+    write_answer(w, status, ErrorCode::Body(s3_code(status)), head_request)
+}
+
+/// Where an injected answer carries its error code.
+enum ErrorCode {
+    Body(&'static str),
+    Header(&'static str),
+}
+
+fn write_answer(
+    w: &mut impl Write,
+    status: u16,
+    code: ErrorCode,
+    head_request: bool,
+) -> std::io::Result<()> {
+    let (body, header) = match code {
+        ErrorCode::Body(code) => (
+            format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>injected by the kvtier test proxy</Message></Error>"
+            ),
+            String::new(),
+        ),
+        ErrorCode::Header(code) => (String::new(), format!("x-ms-error-code: {code}\r\n")),
+    };
     let reason = match status {
         403 => "Forbidden",
         404 => "Not Found",
@@ -404,7 +433,7 @@ fn write_error(w: &mut impl Write, status: u16, head_request: bool) -> std::io::
     };
     write!(
         w,
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/xml\r\ncontent-length: {}\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/xml\r\n{header}content-length: {}\r\n\r\n",
         body.len()
     )?;
     if !head_request {
@@ -497,6 +526,20 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
             Fault::Status(code) => {
                 copy_body(&mut from_client, &mut std::io::sink(), framing)?;
                 write_error(&mut to_client, code, head_request)?;
+                continue;
+            }
+            Fault::Answer {
+                status,
+                code,
+                in_header,
+            } => {
+                copy_body(&mut from_client, &mut std::io::sink(), framing)?;
+                let how = if in_header {
+                    ErrorCode::Header(code)
+                } else {
+                    ErrorCode::Body(code)
+                };
+                write_answer(&mut to_client, status, how, head_request)?;
                 continue;
             }
             Fault::ResetRequest => {

@@ -9,18 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use futures::StreamExt;
 use kvtier::key::KeyLayout;
-use kvtier::store::{error_chain, object_path, Store};
+use kvtier::store::{ObjectKind, Store};
 use kvtier::TierConfig;
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::common::{Failure, Progress};
-
-/// The directory of the start-up probe's objects under a prefix and namespace.
-pub const PROBE_SEGMENT: &str = "__kvtier_probe__";
-/// Names of files the local store (and its start-up check) keep only for a moment:
-/// temporary files before their rename, the writability probe.
-pub const LOCAL_TEMP_START: &str = ".kvtier-";
 
 /// `--prefix` and `--namespace`: which objects a subcommand works on.
 #[derive(Args, Debug, Clone, Default)]
@@ -124,19 +116,6 @@ fn strip_prefix<'a>(name: &'a str, prefix: &str) -> &'a str {
         .unwrap_or(name)
 }
 
-/// Whether an object is the tier's: not one of the start-up probe's objects and not a
-/// local store's temporary file.
-pub fn is_tier_object(name: &str) -> bool {
-    !is_local_temp(name) && !name.split('/').any(|s| s == PROBE_SEGMENT)
-}
-
-/// Whether `name` is a local store's temporary file: a block before its rename, or the
-/// start-up writability check.
-pub fn is_local_temp(name: &str) -> bool {
-    let last = name.rsplit('/').next().unwrap_or(name);
-    last.starts_with(LOCAL_TEMP_START)
-}
-
 /// One object of the tier, as a listing shows it.
 #[derive(Debug, Clone)]
 pub struct Object {
@@ -158,30 +137,27 @@ pub async fn list_with_temps(
     store: &Store,
     scope: &Scope,
 ) -> Result<(Vec<Object>, Vec<Object>), Failure> {
-    let path = scope.path();
-    let prefix = (!path.is_empty()).then(|| object_path(&path));
-    let mut listing = store.client().list(prefix.as_ref());
+    let mut listing = store.list(&scope.path());
     let (mut objects, mut temps) = (Vec::new(), Vec::new());
     let mut progress = Progress::new("list");
-    while let Some(meta) = listing.next().await {
-        let meta = meta.map_err(|e| {
+    while let Some(info) = listing.next().await {
+        let info = info.map_err(|e| {
             Failure::run(format!(
                 "listing {} of {}: {}",
                 scope.describe(),
                 store.describe(),
-                error_chain(&e)
+                e.message
             ))
         })?;
-        let name = meta.location.to_string();
         let object = Object {
-            bytes: meta.size,
-            modified_us: meta.last_modified.timestamp_micros(),
-            name,
+            bytes: info.bytes,
+            modified_us: micros_of(info.modified),
+            name: info.name,
         };
-        if is_local_temp(&object.name) {
-            temps.push(object);
-        } else if is_tier_object(&object.name) {
-            objects.push(object);
+        match info.kind {
+            ObjectKind::Temporary => temps.push(object),
+            ObjectKind::Block => objects.push(object),
+            _ => {}
         }
         progress.tick(|| format!("listed {} objects", objects.len()));
     }
@@ -198,82 +174,21 @@ pub struct Deleted {
     pub failed: Vec<(String, String)>,
 }
 
-/// Objects per batch: S3's DeleteObjects takes up to 1000 keys.
+/// Objects asked of the store at a time, between two progress lines.
 const BATCH: usize = 1000;
-/// Single deletes in flight at once where batches are refused.
-const SINGLE_DELETES_IN_FLIGHT: usize = 16;
 
-/// Deletes `names` in batches through the store client's `delete_stream` (S3:
-/// DeleteObjects, 1000 keys a request; local: files removed concurrently), with a
-/// counter on stderr for long runs. A store that refuses a whole batch (a server without
-/// DeleteObjects) gets single deletes from then on. "Not found" counts as gone.
+/// Deletes `names` through the store (in batches where it takes them), with a counter on
+/// stderr for long runs. "Not found" counts as gone.
 pub async fn delete(store: &Store, names: &[String], label: &'static str) -> Deleted {
-    let client = store.client().clone();
     let mut deleted = Deleted::default();
-    let mut single = false;
     let mut progress = Progress::new(label);
     for chunk in names.chunks(BATCH) {
-        if !single {
-            let paths: Vec<object_store::Result<Path>> =
-                chunk.iter().map(|n| Ok(object_path(n))).collect();
-            let results: Vec<object_store::Result<Path>> = client
-                .delete_stream(futures::stream::iter(paths).boxed())
-                .collect()
-                .await;
-            let mut errors = Vec::new();
-            for result in results {
-                match result {
-                    Ok(path) => {
-                        deleted.gone.insert(path.to_string());
-                    }
-                    Err(object_store::Error::NotFound { path, .. }) => {
-                        // The local store names the file; find the object it was.
-                        if let Some(name) = chunk.iter().find(|n| path.ends_with(n.as_str())) {
-                            deleted.gone.insert(name.clone());
-                        }
-                    }
-                    Err(e) => errors.push(error_chain(&e)),
-                }
-            }
-            let done_any = chunk.iter().any(|n| deleted.gone.contains(n));
-            if done_any || errors.is_empty() {
-                for name in chunk.iter().filter(|n| !deleted.gone.contains(*n)) {
-                    let why = errors
-                        .iter()
-                        .find(|e| e.contains(name.as_str()))
-                        .or(errors.first())
-                        .cloned()
-                        .unwrap_or_else(|| "the store did not confirm the delete".to_string());
-                    deleted.failed.push((name.clone(), why));
-                }
-                progress.tick(|| progress_line(&deleted, names.len()));
-                continue;
-            }
-            log::warn!(
-                "{}: a batch delete was refused ({}); deleting one object at a time",
-                store.describe(),
-                errors.join("; ")
-            );
-            single = true;
-        }
-        let outcomes: Vec<(String, object_store::Result<()>)> =
-            futures::stream::iter(chunk.iter().cloned())
-                .map(|name| {
-                    let client = client.clone();
-                    async move {
-                        let outcome = client.delete(&object_path(&name)).await;
-                        (name, outcome)
-                    }
-                })
-                .buffer_unordered(SINGLE_DELETES_IN_FLIGHT)
-                .collect()
-                .await;
-        for (name, outcome) in outcomes {
+        for (name, outcome) in store.delete_objects(chunk).await {
             match outcome {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                Ok(()) => {
                     deleted.gone.insert(name);
                 }
-                Err(e) => deleted.failed.push((name, error_chain(&e))),
+                Err(e) => deleted.failed.push((name, e.message)),
             }
         }
         progress.tick(|| progress_line(&deleted, names.len()));
@@ -420,21 +335,6 @@ mod tests {
         assert_eq!(s.namespace_of("kv/loose.bin"), "");
         let root = Scope::of_prefix(&config("", ""), None).unwrap();
         assert_eq!(root.namespace_of("ns/abc/de_g0/abcdef.bin"), "ns");
-    }
-
-    #[test]
-    fn tier_objects() {
-        assert!(is_tier_object("kv/ns/abc/de_g0/abcdef.bin"));
-        assert!(!is_tier_object(
-            "kv/ns/__kvtier_probe__/connectivity_test-conditional-put"
-        ));
-        assert!(!is_tier_object("__kvtier_probe__/cli-1"));
-        assert!(!is_tier_object("kv/ns/abc/de_g0/.kvtier-tmp-12-0"));
-        assert!(!is_tier_object(".kvtier-write-probe-1-2"));
-        assert!(is_local_temp("kv/ns/abc/de_g0/.kvtier-tmp-12-0"));
-        assert!(is_local_temp(".kvtier-write-probe-1-2"));
-        assert!(!is_local_temp("kv/ns/abc/de_g0/abcdef.bin"));
-        assert!(!is_local_temp("kv/.kvtier-ns/abc/de_g0/abcdef.bin"));
     }
 
     #[test]

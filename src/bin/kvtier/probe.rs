@@ -12,15 +12,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
-use kvtier::config::{DedupMode, S3Config, StoreConfig};
+use kvtier::config::{DedupMode, StoreConfig};
 use kvtier::key::KeyLayout;
-use kvtier::store::{error_chain, object_path, ProbeOutcome, Store, UploadCheck};
+use kvtier::store::{object_path, ProbeOutcome, Store, UploadCheck, PROBE_SEGMENT};
 use kvtier::{Status, TierConfig};
-use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::json;
 
 use crate::common::{runtime, Failure, StoreArgs};
-use crate::objects::PROBE_SEGMENT;
 
 /// HEAD requests timed for the latency check.
 const LATENCY_SAMPLES: usize = 10;
@@ -112,15 +110,6 @@ impl Report {
             detail: why.into(),
             fatal: false,
         });
-    }
-}
-
-/// Whether the S3 endpoint is reached over TLS (AWS itself always is).
-fn uses_tls(s3: &S3Config) -> bool {
-    match s3.endpoint_override.split_once("://") {
-        Some((scheme, _)) => scheme.eq_ignore_ascii_case("https"),
-        None if s3.endpoint_override.is_empty() => true,
-        None => s3.scheme.as_deref().unwrap_or("https") == "https",
     }
 }
 
@@ -222,7 +211,7 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
     match &config.store {
         StoreConfig::S3(s3) => {
             let remote = Remote {
-                tls: uses_tls(s3),
+                tls: store.uses_tls(),
                 ca_bundle: &s3.ca_bundle,
                 credentials: match (s3.access_key.is_empty(), s3.session_token.is_empty()) {
                     (true, _) => "signed requests accepted (credentials from the default chain: environment, profile, web identity or instance role)",
@@ -235,8 +224,7 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
         }
         StoreConfig::Azure(azure) => {
             let remote = Remote {
-                tls: azure.endpoint.is_empty()
-                    || azure.endpoint.to_ascii_lowercase().starts_with("https://"),
+                tls: store.uses_tls(),
                 ca_bundle: &azure.ca_bundle,
                 credentials: "requests accepted (store.access_key, store.sas or the AZURE_* chain)",
                 container: format!("container {:?}", azure.container),
@@ -245,7 +233,7 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
         }
         StoreConfig::Gcs(gcs) => {
             let remote = Remote {
-                tls: store.describe().contains(" at https://"),
+                tls: store.uses_tls(),
                 ca_bundle: &gcs.ca_bundle,
                 credentials: "requests accepted (store.service_account or the application default credentials)",
                 container: format!("bucket {:?}", gcs.bucket),
@@ -274,6 +262,11 @@ async fn probe(store: &Store, config: &TierConfig, probe_name: &str) -> Report {
             "403 AccessDenied for a key that does not exist: the credentials lack s3:ListBucket. \
              A tier starts and reads 403 on existence checks as absent (one HEAD per check); \
              grant s3:ListBucket on the bucket to get plain 404s",
+        ),
+        Ok(other) => report.ok(
+            "missing_key",
+            "missing key answers 404",
+            format!("the store is ready ({other:?})"),
         ),
         Err(e) if report.failed_fatally().is_none() => {
             report.fatal("missing_key", "missing key answers 404", &e.message)
@@ -389,26 +382,22 @@ async fn put_get_delete(store: &Store, probe_name: &str, run: bool) -> Outcome {
     let name = scratch_name(probe_name, "rw");
     let path = object_path(&name);
     let body: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 251) as u8).collect();
-    let client = store.client();
-    if let Err(e) = client.put(&path, PutPayload::from(body.clone())).await {
+    if let Err(e) = store.write_object(&path, Bytes::from(body.clone())).await {
         return problem(format!(
             "PUT {name} failed: {} — stores will fail: the credentials need s3:PutObject on the prefix",
-            error_chain(&e)
+            e.message
         ));
     }
-    let read = match client.get(&path).await {
-        Ok(got) => got.bytes().await,
-        Err(e) => Err(e),
-    };
+    let read = store.read_object(&path).await;
     let read_problem = match read {
         Ok(bytes) if bytes.as_ref() == body.as_slice() => None,
         Ok(bytes) => Some(format!("GET {name} returned {} bytes that differ from the {} written", bytes.len(), body.len())),
         Err(e) => Some(format!(
             "GET {name} failed: {} — loads will fail: the credentials need s3:GetObject on the prefix",
-            error_chain(&e)
+            e.message
         )),
     };
-    let deleted = client.delete(&path).await;
+    let deleted = store.delete(&path).await;
     if let Some(p) = read_problem {
         return problem(p);
     }
@@ -416,7 +405,7 @@ async fn put_get_delete(store: &Store, probe_name: &str, run: bool) -> Outcome {
         Ok(()) => Ok(format!("wrote, read back and deleted a {}-byte object ({name})", body.len())),
         Err(e) => problem(format!(
             "DELETE {name} failed: {} — the object stays; gc, eviction and on_corrupt \"fail_and_delete\" need s3:DeleteObject, granted on the bucket itself (arn:aws:s3:::BUCKET) as well as on its objects where the server checks multi-object deletes (POST ?delete) on the bucket, as Ceph RGW does",
-            error_chain(&e)
+            e.message
         )),
     }
 }
@@ -480,6 +469,7 @@ async fn upload_check(store: &Store, config: &TierConfig, probe_name: &str, run:
             ),
             true,
         )),
+        other => problem(format!("the upload check answered {other:?}")),
     }
 }
 
@@ -496,7 +486,7 @@ async fn checksum_recorded(store: &Store, probe_name: &str, run: bool) -> Outcom
         return problem(format!("writing {name} as a block failed: {}", e.message));
     }
     let checked = store.check_object(&path).await;
-    let _ = store.client().delete(&path).await;
+    let _ = store.delete(&path).await;
     match checked {
         Ok(c) if c.recorded == Some(c.computed) => {
             Ok("a block's checksum came back as written: loads verify every byte".to_string())
@@ -546,27 +536,6 @@ async fn latency(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn s3(json: &str) -> S3Config {
-        serde_json::from_str(json).unwrap()
-    }
-
-    #[test]
-    fn tls_is_used_by_aws_https_and_https_urls() {
-        assert!(uses_tls(&s3(r#"{"bucket":"b"}"#)));
-        assert!(uses_tls(&s3(
-            r#"{"bucket":"b","endpoint_override":"h:9000"}"#
-        )));
-        assert!(!uses_tls(&s3(
-            r#"{"bucket":"b","endpoint_override":"h:9000","scheme":"http"}"#
-        )));
-        assert!(!uses_tls(&s3(
-            r#"{"bucket":"b","endpoint_override":"http://h:9000","scheme":"https"}"#
-        )));
-        assert!(uses_tls(&s3(
-            r#"{"bucket":"b","endpoint_override":"HTTPS://h"}"#
-        )));
-    }
 
     #[test]
     fn a_fatal_failure_skips_the_rest() {

@@ -43,6 +43,8 @@ use tokio::net::TcpStream;
 
 use conn::{Conn, Tls};
 
+use super::answer::Answer;
+use super::classify::status_of_answer;
 use crate::config::S3Config;
 use crate::error::Status;
 use crate::integrity;
@@ -445,12 +447,12 @@ async fn error_answer(
     let mut body = vec![0u8; length];
     body[..early.len()].copy_from_slice(early);
     conn.read_exact(&mut body[early.len()..]).await?;
-    let text = String::from_utf8_lossy(&body);
-    let code = super::classify::s3_error_code(&text).unwrap_or("");
+    let answer = Answer::of(head.status, None, &body);
+    let code = answer.code.as_deref().unwrap_or("");
     let outcome = match head.status {
-        // A missing bucket or key, by the store's own reading of the error code.
+        // A missing bucket or key, as the general client's failures are read.
         404 => {
-            let status = match super::classify::status_of_s3_code(code) {
+            let status = match status_of_answer(&answer) {
                 Some(Status::BucketNotFound) => Status::BucketNotFound,
                 _ => Status::NotFound,
             };
