@@ -1043,6 +1043,8 @@ static void test_null_tier(void)
     CHECK(kvt_last_error()[0] != '\0');
     CHECK(kvt_tier_jobs_in_flight(NULL) == 0);
     CHECK(kvt_last_error()[0] != '\0');
+    CHECK(kvt_tier_location(NULL) == NULL);
+    CHECK(kvt_last_error()[0] != '\0');
     kvt_tier_free(NULL); /* no-op */
     CHECK(kvt_last_error()[0] == '\0');
 }
@@ -1644,13 +1646,19 @@ static void test_after_shutdown(void)
     kvt_result buf[4];
     size_t n = 9;
     int fd;
+    const char *location;
 
     if (!fixture_open(&f, "local", 2, 4096, "")) {
         goto out;
     }
     fd = kvt_tier_event_fd(f.tier);
+    /* The location names the store's directory; the same pointer stays valid after shutdown. */
+    location = kvt_tier_location(f.tier);
+    CHECKF(location != NULL && strstr(location, "local directory") != NULL && strstr(location, f.dir) != NULL,
+           "location %s", location ? location : "(null)");
     CHECK_STATUS(kvt_tier_submit_store(f.tier, 1, &id0, keys, KEY_LEN, 1), KVT_STATUS_OK);
     CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+    CHECK(kvt_tier_location(f.tier) == location);
     CHECK(kvt_tier_jobs_in_flight(f.tier) == 0);
     CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK); /* idempotent */
     CHECK_STATUS(kvt_tier_register_memory(f.tier, other_pool, 1, sizeof other_pool), KVT_STATUS_SHUT_DOWN);
@@ -2832,6 +2840,7 @@ static int forked_child(const fixture *f, const uint8_t *keys)
     CHILD_EXPECT(kvt_tier_shutdown(f->tier), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_event_fd(f->tier), -1);
     CHILD_EXPECT(kvt_tier_jobs_in_flight(f->tier), 0);
+    CHILD_EXPECT(kvt_tier_location(f->tier) == NULL, 1);
     kvt_tier_free(f->tier); /* returns without joining the parent's threads */
 #if defined(__SANITIZE_ADDRESS__)
     /* Not under ASan: GCC 12's libasan does not hold its thread registry across fork(), so

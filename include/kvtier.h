@@ -44,7 +44,7 @@
  *
  * Lifecycle.
  *   After kvt_tier_shutdown: kvt_tier_poll, kvt_tier_take_events, kvt_tier_stats,
- *   kvt_tier_event_fd, kvt_tier_jobs_in_flight, kvt_tier_shutdown and kvt_tier_free
+ *   kvt_tier_event_fd, kvt_tier_jobs_in_flight, kvt_tier_location, kvt_tier_shutdown and kvt_tier_free
  *   work as before (to collect the last results, events and counters);
  *   kvt_tier_submit_store/_load return KVT_STATUS_SHUT_DOWN and still yield the job's
  *   result; kvt_tier_register_memory, kvt_tier_drain, kvt_tier_lookup,
@@ -437,6 +437,17 @@ enum kvt_status kvt_tier_poll(struct kvt_tier *tier,
 // `kvt_tier_free`. Returns -1 for a NULL or invalid tier, and in a fork() child of the
 // tier's process. Thread-safe.
 int kvt_tier_event_fd(struct kvt_tier *tier);
+
+// Where the tier's objects are, in words, for logs and metric labels: the store's kind,
+// bucket or container or directory, its endpoint, and the prefix/namespace its objects
+// live under, e.g. `s3 bucket "kv" at http://127.0.0.1:9000, objects under
+// kv/model-a/`. Never holds a credential. The one definition of a tier's printable
+// location: bindings show this text rather than composing their own.
+//
+// Owned by the tier: do not free it; valid until `kvt_tier_free` (also after
+// `kvt_tier_shutdown`). Returns NULL for a NULL or invalid tier, and in a fork() child of
+// the tier's process. Thread-safe.
+const char *kvt_tier_location(const struct kvt_tier *tier);
 
 // Number of jobs submitted and not yet finished (results not yet queued).
 // Returns 0 for a NULL or invalid tier, and in a fork() child of the tier's process.

@@ -5,7 +5,9 @@
 //! * [`store`]: the store clients (local, memory, S3, Azure Blob, GCS) and the direct HTTP path;
 //! * `integrity`: block checksums; `redact`: credentials kept out of messages; [`key`]: key layout and object names; [`config`];
 //!   [`namespace`]: vLLM's namespace string; `pool`: the caller's host pool;
-//! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API.
+//! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API: its own
+//!   value types (`ffi::abi`, converted from the engine's), the panic boundary, the log
+//!   callback (`ffi::logs`).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
@@ -14,7 +16,6 @@ pub mod error;
 pub mod ffi;
 mod integrity;
 pub mod key;
-mod logs;
 pub mod namespace;
 mod pool;
 mod redact;
@@ -28,7 +29,6 @@ pub use engine::{
 };
 pub use error::{Error, Result, Status};
 pub use integrity::{CRC_METADATA, CRC_METADATA_AZURE};
-pub use logs::{LogCallback, LogLevel};
 pub use pool::HostPool;
 
 /// The library version, from Cargo.toml.

@@ -8,7 +8,8 @@ mod support;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
 
-use kvtier::{JobKind, LogLevel, Status, Tier};
+use kvtier::ffi::logs::LogLevel;
+use kvtier::{JobKind, Status, Tier};
 use serde_json::json;
 use support::proxy::{Fault, Proxy};
 use support::*;

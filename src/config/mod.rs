@@ -6,6 +6,7 @@
 //! the Python package and the README. Errors name the key's full path
 //! (`store.request_timeout_ms`). Secrets never appear in error messages or `Debug` output.
 
+pub(crate) mod endpoint;
 mod schema;
 
 use std::fmt;
@@ -16,6 +17,8 @@ use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use endpoint::parse_endpoint;
+pub(crate) use endpoint::Endpoint;
 
 pub use schema::{
     config_keys, markdown_tables, schema_json, store_types, ConfigKey, CONFIG_TABLE_BEGIN,
@@ -632,41 +635,41 @@ impl S3Config {
             self.request_timeout_ms,
             self.max_retries,
         )?;
-        if !self.endpoint_override.is_empty() {
-            check_endpoint(&self.endpoint_override).map_err(|why| {
-                Error::config(format!(
-                    "store.endpoint_override {:?} is not a usable endpoint: {why}",
-                    self.endpoint_override
-                ))
-            })?;
-        }
+        let endpoint = self.endpoint()?;
         if self.use_virtual_addressing {
-            let host = self
-                .endpoint_override
-                .split("://")
-                .last()
-                .unwrap_or_default();
-            let host = host.split('/').next().unwrap_or_default();
-            let bare = host.rsplit_once(':').map_or(host, |(h, port)| {
-                if port.bytes().all(|b| b.is_ascii_digit()) {
-                    h
-                } else {
-                    host
-                }
-            });
-            if bare.parse::<std::net::IpAddr>().is_ok() || bare.starts_with('[') {
+            // With no endpoint_override the endpoint is AWS's, a DNS name.
+            let host = endpoint.as_ref().map_or("", Endpoint::host);
+            if host.starts_with('[') || host.parse::<std::net::IpAddr>().is_ok() {
                 return Err(Error::config(format!(
-                    "store.use_virtual_addressing needs a DNS name in endpoint_override (the bucket becomes part of the host name), not the IP address {bare}; use path-style addressing (false)"
+                    "store.use_virtual_addressing needs a DNS name in endpoint_override (the bucket becomes part of the host name), not the IP address {host}; use path-style addressing (false)"
                 )));
             }
         }
-        if !self.ca_bundle.is_empty()
-            && self.scheme.as_deref() == Some("http")
-            && !self.endpoint_override.contains("://")
-        {
-            log::warn!("store.ca_bundle is set but store.scheme is http: the CA bundle is unused");
+        if !self.ca_bundle.is_empty() && endpoint.as_ref().is_some_and(|e| !e.tls()) {
+            log::warn!("store.ca_bundle is set but the endpoint is http: the CA bundle is unused");
         }
         Ok(())
+    }
+}
+
+impl S3Config {
+    /// The endpoint of `endpoint_override`, which may or may not carry a scheme (`scheme`
+    /// decides then, https by default); `None` for AWS itself.
+    pub(crate) fn endpoint(&self) -> Result<Option<Endpoint>> {
+        if self.endpoint_override.is_empty() {
+            return Ok(None);
+        }
+        parse_endpoint(
+            &self.endpoint_override,
+            self.scheme.as_deref().unwrap_or("https"),
+        )
+        .map(Some)
+        .map_err(|why| {
+            Error::config(format!(
+                "store.endpoint_override {:?} is not a usable endpoint: {why}",
+                self.endpoint_override
+            ))
+        })
     }
 }
 
@@ -756,7 +759,21 @@ impl AzureConfig {
             self.request_timeout_ms,
             self.max_retries,
         )?;
-        check_url("endpoint", &self.endpoint)
+        self.account_endpoint().map(drop)
+    }
+
+    /// The account URL requests go to: `endpoint`, or Azure's public one for the account.
+    pub(crate) fn account_endpoint(&self) -> Result<Endpoint> {
+        if self.endpoint.is_empty() {
+            let url = format!("https://{}.blob.core.windows.net", self.account);
+            return parse_endpoint(&url, "https").map_err(|why| {
+                Error::config(format!(
+                    "store.account {:?} makes the account URL {url:?}, not a usable endpoint: {why}",
+                    self.account
+                ))
+            });
+        }
+        full_url("endpoint", &self.endpoint)
     }
 }
 
@@ -770,7 +787,10 @@ impl GcsConfig {
             self.request_timeout_ms,
             self.max_retries,
         )?;
-        check_url("endpoint", &self.endpoint)
+        if !self.endpoint.is_empty() {
+            full_url("endpoint", &self.endpoint)?;
+        }
+        Ok(())
     }
 }
 
@@ -797,93 +817,18 @@ fn check_client_limits(
     Ok(())
 }
 
-/// Checks an endpoint that must be a full URL (`http[s]://host[:port][/path]`), if given.
-fn check_url(key: &str, url: &str) -> Result<()> {
-    if url.is_empty() {
-        return Ok(());
-    }
-    let why = if !url.contains("://") {
-        Err("it needs a scheme: http://host:port/... or https://...".to_string())
+/// An endpoint setting that must be a full URL (`http[s]://host[:port][/path]`).
+fn full_url(key: &str, url: &str) -> Result<Endpoint> {
+    let parsed = if url.contains("://") {
+        parse_endpoint(url, "https")
     } else {
-        check_endpoint(url)
+        Err("it needs a scheme: http://host:port/... or https://...".to_string())
     };
-    why.map_err(|why| {
+    parsed.map_err(|why| {
         Error::config(format!(
             "store.{key} {url:?} is not a usable endpoint: {why}"
         ))
     })
-}
-
-/// Checks an `endpoint_override` (`host[:port]` or `scheme://host[:port][/path]`) before
-/// any client is built from it: the HTTP stack would panic on a URL it cannot parse, or
-/// fall back to instance metadata without one.
-fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
-    let rest = match endpoint.split_once("://") {
-        Some((scheme, rest)) => {
-            if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
-                return Err(format!(
-                    "the scheme is {scheme:?}; it must be http or https"
-                ));
-            }
-            rest
-        }
-        None => endpoint,
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let path_ok = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/%".contains(c);
-    if let Some(c) = path.chars().find(|&c| !path_ok(c)) {
-        return Err(format!("{c:?} cannot appear in its path"));
-    }
-    if authority.contains('@') {
-        return Err(
-            "it carries user information; give credentials as access_key and secret_key".into(),
-        );
-    }
-    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
-        let Some((address, after)) = bracketed.split_once(']') else {
-            return Err("an IPv6 address opened with [ is not closed with ]".into());
-        };
-        if address.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("[{address}] is not an IPv6 address"));
-        }
-        match after {
-            "" => (address, None),
-            _ => match after.strip_prefix(':') {
-                Some(port) => (address, Some(port)),
-                None => {
-                    return Err(format!(
-                        "{after:?} follows the IPv6 address; only :port may"
-                    ))
-                }
-            },
-        }
-    } else {
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        };
-        if host.is_empty() {
-            return Err("the host is empty".into());
-        }
-        if let Some(c) = host
-            .chars()
-            .find(|&c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_'))
-        {
-            return Err(format!("{c:?} cannot appear in a host name"));
-        }
-        (host, port)
-    };
-    debug_assert!(!host.is_empty());
-    if let Some(port) = port {
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => {}
-            _ => return Err(format!("the port {port:?} is not a number from 1 to 65535")),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

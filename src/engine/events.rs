@@ -9,6 +9,7 @@ use crate::config::Locality;
 /// BlockRemoved event (keys the tier deleted: by eviction, or a corrupt object deleted
 /// under `fail_and_delete`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvEvent {
     /// The store job's id; 0 for removals.
     pub job_id: u64,

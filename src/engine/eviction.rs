@@ -21,8 +21,8 @@ use crate::error::{Error, Result, Status};
 use crate::store::object_path;
 
 /// What one eviction round found and did.
-#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EvictionReport {
     /// Blocks of the namespace and their bytes before the round.
     pub objects: u64,

@@ -12,7 +12,6 @@ use crate::error::{Error, Result, Status};
 pub const MAX_KEYS_PER_JOB: usize = 1 << 20;
 
 /// Direction of a job.
-#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobKind {
     /// Host pool to store.
@@ -92,6 +91,7 @@ impl KeyBatch {
 
 /// The one result of a submitted job.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct JobResult {
     pub job_id: u64,
     pub kind: JobKind,

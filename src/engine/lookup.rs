@@ -23,7 +23,6 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 /// Answer to a lookup.
-#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LookupResult {
     /// The tier does not hold the key.

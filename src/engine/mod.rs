@@ -636,6 +636,17 @@ impl Tier {
         self.shared.ready.fd()
     }
 
+    /// Where the tier's objects are, for logs and metrics labels: the store in words
+    /// ([`Store::describe`](crate::store::Store::describe)) and the prefix/namespace its
+    /// objects live under. Never holds a credential.
+    pub fn location(&self) -> String {
+        let store = self.shared.store.describe();
+        match self.shared.layout.base() {
+            "" => store.to_string(),
+            base => format!("{store}, objects under {base}/"),
+        }
+    }
+
     /// Jobs submitted and not yet finished.
     pub fn jobs_in_flight(&self) -> usize {
         self.shared.table().running

@@ -19,10 +19,21 @@ thread_local! {
     static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
+/// Text handed to C: a NUL inside (which C would read as the end) becomes a space.
+pub(crate) fn c_text(text: String) -> CString {
+    // A NUL inside a message would cut it short in C; it becomes a space.
+    let bytes: Vec<u8> = text
+        .into_bytes()
+        .into_iter()
+        .map(|b| if b == 0 { b' ' } else { b })
+        .collect();
+    CString::new(bytes).unwrap_or_default()
+}
+
 pub(crate) fn set_last_error(error: Option<Error>) {
     let text = match error {
         None => CString::default(),
-        Some(e) => CString::new(e.to_string().replace('\0', " ")).unwrap_or_default(),
+        Some(e) => c_text(e.to_string()),
     };
     LAST_ERROR.with(|cell| *cell.borrow_mut() = text);
 }

@@ -13,19 +13,21 @@
 #![allow(clippy::missing_safety_doc)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod abi;
 mod boundary;
+pub mod logs;
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use boundary::{current_pid, guard, guard_tier, guard_tier_or, set_last_error, Access};
+use boundary::{c_text, current_pid, guard, guard_tier, guard_tier_or, set_last_error, Access};
 
 use crate::config::Locality;
-use crate::engine::LookupResult;
-use crate::engine::{JobKind, KeyBatch, StatsSnapshot, Tier};
+use crate::engine::{JobKind, KeyBatch, Tier};
 use crate::error::{Error, Status};
+use abi::{kvt_eviction_report, kvt_job_kind, kvt_lookup_result, kvt_stats};
 
 pub use boundary::kvt_last_error;
 
@@ -49,6 +51,8 @@ pub struct kvt_tier {
     /// A call on this tier panicked: it refuses further work.
     failed: AtomicBool,
     tier: Tier,
+    /// `Tier::location` as C text, made once at creation (`kvt_tier_location`).
+    location: CString,
     /// Per-key statuses and messages of the last poll, kept alive until the next poll.
     last_poll: Mutex<PollScratch>,
     /// Events of the last `kvt_tier_take_events`, kept alive until the next call.
@@ -120,7 +124,7 @@ pub struct kvt_result {
     /// The id given at submission.
     pub job_id: u64,
     /// Store or load.
-    pub kind: JobKind,
+    pub kind: kvt_job_kind,
     /// KVT_STATUS_OK only if every key succeeded; otherwise the first failing key's status,
     /// or the reason the job was rejected at submission. Always check this first: a
     /// rejected job may carry no per-key statuses (`num_keys` 0).
@@ -233,8 +237,7 @@ unsafe fn config_text<'a>(config_json: *const c_char) -> crate::Result<&'a str> 
 /// static text.
 fn static_text(cell: &'static OnceLock<CString>, make: impl FnOnce() -> String) -> *const c_char {
     // A NUL inside would be a library bug; the empty string still honours "never NULL".
-    cell.get_or_init(|| CString::new(make()).unwrap_or_default())
-        .as_ptr()
+    cell.get_or_init(|| c_text(make())).as_ptr()
 }
 
 fn status_from_int(value: c_int) -> Option<Status> {
@@ -264,7 +267,7 @@ pub unsafe extern "C" fn kvt_tier_new(
     config_json: *const c_char,
     out_tier: *mut *mut kvt_tier,
 ) -> Status {
-    crate::logs::install();
+    logs::install();
     guard("kvt_tier_new", || {
         if out_tier.is_null() {
             return Err(Error::new(Status::NullArgument, "out_tier is NULL"));
@@ -277,6 +280,7 @@ pub unsafe extern "C" fn kvt_tier_new(
             magic: TIER_MAGIC,
             pid: current_pid(),
             failed: AtomicBool::new(false),
+            location: c_text(tier.location()),
             tier,
             last_poll: Mutex::new(PollScratch::default()),
             last_events: Mutex::new(Vec::new()),
@@ -498,10 +502,10 @@ pub unsafe extern "C" fn kvt_tier_poll(
         let results = handle.tier.poll(capacity);
         for (i, r) in results.into_iter().enumerate() {
             let failed = r.key_status.iter().filter(|s| !s.is_ok()).count();
-            let message = CString::new(r.message.replace('\0', " ")).unwrap_or_default();
+            let message = c_text(r.message.clone());
             let out = kvt_result {
                 job_id: r.job_id,
-                kind: r.kind,
+                kind: r.kind.into(),
                 status: r.status,
                 bytes: r.bytes,
                 seconds: r.seconds,
@@ -539,6 +543,30 @@ pub unsafe extern "C" fn kvt_tier_event_fd(tier: *mut kvt_tier) -> c_int {
         guard_tier_or("kvt_tier_event_fd", tier, Access::Collect, -1, |handle| {
             Ok(handle.tier.ready_fd())
         })
+        .0
+    }
+}
+
+/// Where the tier's objects are, in words, for logs and metric labels: the store's kind,
+/// bucket or container or directory, its endpoint, and the prefix/namespace its objects
+/// live under, e.g. `s3 bucket "kv" at http://127.0.0.1:9000, objects under
+/// kv/model-a/`. Never holds a credential. The one definition of a tier's printable
+/// location: bindings show this text rather than composing their own.
+///
+/// Owned by the tier: do not free it; valid until `kvt_tier_free` (also after
+/// `kvt_tier_shutdown`). Returns NULL for a NULL or invalid tier, and in a fork() child of
+/// the tier's process. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_location(tier: *const kvt_tier) -> *const c_char {
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe {
+        guard_tier_or(
+            "kvt_tier_location",
+            tier.cast_mut(),
+            Access::Collect,
+            std::ptr::null(),
+            |handle| Ok(handle.location.as_ptr()),
+        )
         .0
     }
 }
@@ -682,7 +710,7 @@ pub unsafe extern "C" fn kvt_tier_lookup(
     req_id: u64,
     key: *const u8,
     key_len: usize,
-    out_result: *mut LookupResult,
+    out_result: *mut kvt_lookup_result,
 ) -> Status {
     let body = |handle: &kvt_tier| {
         if key.is_null() || out_result.is_null() {
@@ -701,7 +729,7 @@ pub unsafe extern "C" fn kvt_tier_lookup(
         let key = unsafe { std::slice::from_raw_parts(key, key_len) };
         let verdict = handle.tier.lookup(req_id, key)?;
         // SAFETY: non-NULL (checked above) and writable by the header's contract.
-        unsafe { *out_result = verdict };
+        unsafe { *out_result = verdict.into() };
         Ok(())
     };
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
@@ -810,7 +838,7 @@ pub unsafe extern "C" fn kvt_tier_take_kv_events(
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_evict_now(
     tier: *mut kvt_tier,
-    out_report: *mut crate::engine::EvictionReport,
+    out_report: *mut kvt_eviction_report,
 ) -> Status {
     if !out_report.is_null() {
         // SAFETY: non-NULL and writable (the header's contract).
@@ -822,7 +850,7 @@ pub unsafe extern "C" fn kvt_tier_evict_now(
         }
         let report = handle.tier.evict_now()?;
         // SAFETY: non-NULL (checked above) and writable (the header's contract).
-        unsafe { out_report.write(report) };
+        unsafe { out_report.write(report.into()) };
         Ok(())
     };
     // SAFETY: `tier` is NULL or a live handle (the header's precondition).
@@ -874,20 +902,20 @@ unsafe fn take_events<T>(
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_stats(
     tier: *mut kvt_tier,
-    out_stats: *mut StatsSnapshot,
+    out_stats: *mut kvt_stats,
     stats_size: usize,
 ) -> Status {
     let body = |handle: &kvt_tier| {
         if out_stats.is_null() {
             return Err(Error::new(Status::NullArgument, "out_stats is NULL"));
         }
-        let stats = handle.tier.stats();
-        let n = stats_size.min(std::mem::size_of::<StatsSnapshot>());
+        let stats = kvt_stats::from(handle.tier.stats());
+        let n = stats_size.min(std::mem::size_of::<kvt_stats>());
         // SAFETY: `out_stats` is non-NULL and holds `stats_size` writable bytes by the
         // header's contract; `n` is at most that and at most the snapshot's size.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                &stats as *const StatsSnapshot as *const u8,
+                &stats as *const kvt_stats as *const u8,
                 out_stats as *mut u8,
                 n,
             )
@@ -948,12 +976,12 @@ pub unsafe extern "C" fn kvt_tier_metrics(
 /// kvt_ call keeps it, and callbacks are not called.)
 #[no_mangle]
 pub unsafe extern "C" fn kvt_set_log_callback(
-    callback: crate::logs::LogCallback,
+    callback: logs::LogCallback,
     userdata: *mut std::ffi::c_void,
     max_level: c_int,
 ) -> Status {
     guard("kvt_set_log_callback", || {
-        use crate::logs::LogLevel;
+        use logs::LogLevel;
         let level = [
             LogLevel::Off,
             LogLevel::Error,
@@ -969,7 +997,7 @@ pub unsafe extern "C" fn kvt_set_log_callback(
                 "max_level {max_level} is not a kvt_log_level (0..5)"
             ))
         })?;
-        crate::logs::set_callback(callback, userdata, level);
+        logs::set_callback(callback, userdata, level);
         Ok(())
     })
 }
@@ -1132,7 +1160,7 @@ mod tests {
                 kvt_tier_submit_store(tier, 1, block.as_ptr(), key.as_ptr(), key.len(), 1),
                 Status::Panic
             );
-            let mut verdict = LookupResult::Retry;
+            let mut verdict = kvt_lookup_result::Retry;
             assert_eq!(
                 kvt_tier_lookup(tier, 1, key.as_ptr(), key.len(), &mut verdict),
                 Status::Panic
@@ -1150,9 +1178,9 @@ mod tests {
             assert_eq!(n, 1);
             let r = results[0].assume_init_read();
             assert_eq!((r.job_id, r.status, r.num_keys), (1, Status::Panic, 1));
-            let mut stats = StatsSnapshot::default();
+            let mut stats = kvt_stats::default();
             assert_eq!(
-                kvt_tier_stats(tier, &mut stats, std::mem::size_of::<StatsSnapshot>()),
+                kvt_tier_stats(tier, &mut stats, std::mem::size_of::<kvt_stats>()),
                 Status::Ok
             );
             assert_eq!(kvt_tier_shutdown(tier), Status::Ok);

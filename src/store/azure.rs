@@ -5,28 +5,11 @@ use std::sync::Arc;
 use object_store::azure::MicrosoftAzureBuilder;
 
 use super::classify::error_chain;
-use super::endpoint::{parse_endpoint, Endpoint};
 use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
 use crate::config::AzureConfig;
+use crate::config::Endpoint;
 use crate::error::{Error, Result};
-
-/// The account URL requests go to: `endpoint`, or Azure's public one for the account.
-pub(crate) fn account_endpoint(azure: &AzureConfig) -> Result<Endpoint> {
-    let (key, text) = if azure.endpoint.is_empty() {
-        (
-            "account",
-            format!("https://{}.blob.core.windows.net", azure.account),
-        )
-    } else {
-        ("endpoint", azure.endpoint.clone())
-    };
-    parse_endpoint(&text, "https").map_err(|why| {
-        Error::config(format!(
-            "store.{key} gives {text:?}, not a usable endpoint: {why}"
-        ))
-    })
-}
 
 /// Where the credentials come from, for messages.
 pub(crate) fn credential_source(azure: &AzureConfig) -> &'static str {
@@ -99,7 +82,7 @@ mod tests {
 
     #[test]
     fn account_url_defaults_to_azure() {
-        let url = |c: &AzureConfig| account_endpoint(c).unwrap().to_string();
+        let url = |c: &AzureConfig| c.account_endpoint().unwrap().to_string();
         assert_eq!(
             url(&azure(r#"{"account":"acct","container":"c"}"#)),
             "https://acct.blob.core.windows.net"
@@ -108,7 +91,7 @@ mod tests {
             r#"{"account":"devstoreaccount1","container":"c","endpoint":"http://127.0.0.1:10000/devstoreaccount1/"}"#,
         );
         assert_eq!(url(&c), "http://127.0.0.1:10000/devstoreaccount1");
-        assert!(!account_endpoint(&c).unwrap().tls());
+        assert!(!c.account_endpoint().unwrap().tls());
     }
 
     #[test]

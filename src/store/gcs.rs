@@ -9,9 +9,10 @@ use object_store::client::{
 use object_store::gcp::{GcpCredentialProvider, GoogleCloudStorageBuilder};
 
 use super::classify::error_chain;
-use super::endpoint::{parse_endpoint, Endpoint};
 use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
+use crate::config::endpoint::parse_endpoint;
+use crate::config::Endpoint;
 use crate::config::GcsConfig;
 use crate::error::{Error, Result};
 

@@ -644,11 +644,7 @@ mod tests {
             );
         }
         // No temporary file is left behind.
-        let leftovers: Vec<_> = walk(dir.path())
-            .into_iter()
-            .filter(|p| p.contains(TEMP_PREFIX))
-            .collect();
-        assert!(leftovers.is_empty(), "{leftovers:?}");
+        assert_no_temporary_files(dir.path());
     }
 
     #[test]
@@ -669,11 +665,7 @@ mod tests {
             Written::Stored
         );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"third");
-        let leftovers: Vec<_> = walk(dir.path())
-            .into_iter()
-            .filter(|p| p.contains(TEMP_PREFIX))
-            .collect();
-        assert!(leftovers.is_empty(), "{leftovers:?}");
+        assert_no_temporary_files(dir.path());
     }
 
     #[test]
@@ -826,6 +818,14 @@ mod tests {
         // A batch opened after the directory was made again finds the block: directories
         // are opened per batch, never kept.
         assert!(f.existence_checks().exists(name).unwrap());
+    }
+
+    fn assert_no_temporary_files(dir: &FsPath) {
+        let leftovers: Vec<_> = walk(dir)
+            .into_iter()
+            .filter(|p| p.contains(TEMP_PREFIX))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
     fn walk(dir: &FsPath) -> Vec<String> {

@@ -4,13 +4,19 @@
 //! write, read into a block, exists, delete, and the start-up probe.
 //!
 //! Data flows one way: the engine calls a `Store`; a `Store` never calls the engine.
+//!
+//! The Rust API of this module speaks `object_store`'s types on purpose: object names are
+//! its [`Path`](object_store::path::Path), and [`Store::client`] is its client, for the
+//! operations kvtier does not wrap (tests write objects out of band through it). So that a
+//! Rust user never meets two versions of that crate, it is re-exported here as
+//! [`kvtier::store::object_store`](object_store); a major version of `object_store` is a
+//! major version of kvtier's Rust API. The C ABI and the Python package expose none of it.
 
 mod answer;
 mod azure;
 mod classify;
 mod credentials;
 pub(crate) mod direct;
-pub(crate) mod endpoint;
 mod gcs;
 mod http_options;
 mod local;
@@ -26,7 +32,8 @@ use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    GetOptions, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    GetOptions, GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload,
 };
 
 use crate::config::StoreConfig;
@@ -34,14 +41,15 @@ use crate::error::{Error, Result, Status};
 use crate::integrity;
 use crate::pool::BlockSlot;
 
+pub use ::object_store;
 pub use classify::error_chain;
 pub(crate) use classify::{answered, classify, op_error, Failed};
 pub use credentials::CredentialSource;
 pub(crate) use local::ExistenceChecks;
 pub use probe::ProbeOutcome;
 
+use crate::config::Endpoint;
 use direct::{DirectError, DirectHttp};
-use endpoint::Endpoint;
 
 /// An `object_store` client.
 pub type DynStore = Arc<dyn ObjectStore>;
@@ -171,7 +179,7 @@ impl Store {
                 None,
             ),
             StoreConfig::S3(config) => {
-                let endpoint = s3::endpoint(config)?;
+                let endpoint = config.endpoint()?;
                 let built = s3::open(config, endpoint.as_ref())?;
                 let backend = Backend::S3 {
                     ca_bundle: config.ca_bundle.clone(),
@@ -189,7 +197,7 @@ impl Store {
                 )
             }
             StoreConfig::Azure(config) => {
-                let endpoint = azure::account_endpoint(config)?;
+                let endpoint = config.account_endpoint()?;
                 let backend = Backend::Azure {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: azure::credential_source(config),
@@ -448,61 +456,14 @@ impl Store {
         if got.meta.size != block_bytes as u64 {
             return Err(length_mismatch(path, got.meta.size, block_bytes));
         }
-        match got.payload {
-            GetResultPayload::File(file, _) => {
-                let mut dest = slot.reborrow();
-                let read = tokio::task::spawn_blocking(move || {
-                    use std::os::unix::fs::FileExt;
-                    let recorded = integrity::file_checksum(&file);
-                    file.read_exact_at(dest.as_mut_slice(), 0)?;
-                    let computed = checksum.then(|| integrity::checksum(dest.as_slice()));
-                    Ok::<_, std::io::Error>(ReadBlock { recorded, computed })
-                })
-                .await
-                .map_err(|e| Error::join(&format!("load {path}"), &e))?;
-                read.map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        Error::new(
-                            Status::LengthMismatch,
-                            format!("load {path}: object shorter than {block_bytes} bytes"),
-                        )
-                    } else {
-                        Error::new(Status::Io, format!("load {path}: {e}"))
-                    }
-                })
-            }
-            GetResultPayload::Stream(mut stream) => {
-                use futures::StreamExt;
-                let recorded = integrity::recorded_checksum(&got.attributes);
-                let dest = slot.as_mut_slice();
-                let mut filled = 0usize;
-                let mut crc = 0u32;
-                while let Some(chunk) = stream.next().await {
-                    let chunk =
-                        chunk.map_err(|e| op_error("load", path, &Failed::unanswered(e)))?;
-                    let Some(piece) = dest.get_mut(filled..filled + chunk.len()) else {
-                        return Err(length_mismatch(
-                            path,
-                            (filled + chunk.len()) as u64,
-                            block_bytes,
-                        ));
-                    };
-                    piece.copy_from_slice(&chunk);
-                    if checksum {
-                        // The chunk is still in cache: checksum it now rather than in a second pass.
-                        crc = integrity::checksum_append(crc, &chunk);
-                    }
-                    filled += chunk.len();
-                }
-                if filled != block_bytes {
-                    return Err(length_mismatch(path, filled as u64, block_bytes));
-                }
-                Ok(ReadBlock {
-                    recorded,
-                    computed: checksum.then_some(crc),
-                })
-            }
+        let read = read_body("load", path, got, Sink::Block(slot.reborrow()), checksum).await?;
+        if read.bytes != block_bytes as u64 {
+            return Err(length_mismatch(path, read.bytes, block_bytes));
         }
+        Ok(ReadBlock {
+            recorded: read.recorded,
+            computed: checksum.then_some(read.computed),
+        })
     }
 
     /// Writes `body` at `path` as a store job does (overwriting), its checksum recorded
@@ -515,56 +476,15 @@ impl Store {
     /// as they arrive, with the checksum recorded beside it, where a load finds it. A
     /// missing object fails with [`Status::NotFound`].
     pub async fn check_object(&self, path: &Path) -> Result<ObjectCheck> {
-        /// Bytes read from a local file at a time.
-        const FILE_PIECE: usize = 1 << 20;
         let got = answered(self.client.get_opts(path, GetOptions::default()))
             .await
             .map_err(|e| op_error("verify", path, &e))?;
-        match got.payload {
-            GetResultPayload::File(file, _) => {
-                let read = tokio::task::spawn_blocking(move || {
-                    use std::os::unix::fs::FileExt;
-                    let recorded = integrity::file_checksum(&file);
-                    let mut piece = vec![0u8; FILE_PIECE];
-                    let (mut bytes, mut computed) = (0u64, 0u32);
-                    loop {
-                        match file.read_at(&mut piece, bytes) {
-                            Ok(0) => break,
-                            Ok(n) => {
-                                computed = integrity::checksum_append(computed, &piece[..n]);
-                                bytes += n as u64;
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    Ok(ObjectCheck {
-                        bytes,
-                        recorded,
-                        computed,
-                    })
-                })
-                .await
-                .map_err(|e| Error::join(&format!("verify {path}"), &e))?;
-                read.map_err(|e| Error::new(Status::Io, format!("verify {path}: {e}")))
-            }
-            GetResultPayload::Stream(mut stream) => {
-                use futures::StreamExt;
-                let recorded = integrity::recorded_checksum(&got.attributes);
-                let (mut bytes, mut computed) = (0u64, 0u32);
-                while let Some(chunk) = stream.next().await {
-                    let chunk =
-                        chunk.map_err(|e| op_error("verify", path, &Failed::unanswered(e)))?;
-                    computed = integrity::checksum_append(computed, &chunk);
-                    bytes += chunk.len() as u64;
-                }
-                Ok(ObjectCheck {
-                    bytes,
-                    recorded,
-                    computed,
-                })
-            }
-        }
+        let read = read_body("verify", path, got, Sink::Count, true).await?;
+        Ok(ObjectCheck {
+            bytes: read.bytes,
+            recorded: read.recorded,
+            computed: read.computed,
+        })
     }
 
     /// Deletes the object at `path`.
@@ -764,6 +684,112 @@ fn describe(config: &StoreConfig, endpoint: Option<&Endpoint>) -> String {
         StoreConfig::S3(s3) => format!("s3 bucket {:?} at {}", s3.bucket, at()),
         StoreConfig::Azure(azure) => format!("azure container {:?} at {}", azure.container, at()),
         StoreConfig::Gcs(gcs) => format!("gcs bucket {:?} at {}", gcs.bucket, at()),
+    }
+}
+
+/// Where the bytes of an object's body go as they are read.
+enum Sink {
+    /// Into the block, which is never written past its end. (For a blocking thread: the
+    /// caller awaits [`read_body`] before it uses the slot again.)
+    Block(BlockSlot),
+    /// Nowhere: the bytes are only counted and checksummed.
+    Count,
+}
+
+/// What [`read_body`] read.
+struct BodyRead {
+    /// Bytes read (for a block: at most its length, or one piece past it when the body
+    /// is longer).
+    bytes: u64,
+    /// The checksum recorded with the object, if any.
+    recorded: Option<u32>,
+    /// The CRC32C of the bytes read, if asked for (else 0).
+    computed: u32,
+}
+
+/// Reads an object's body, a local file or an HTTP stream, into `sink`, with the CRC32C
+/// of each piece computed while it is still in cache (when `checksum`). The one read
+/// loop of loads through the store client and of `check_object`.
+async fn read_body(
+    what: &str,
+    path: &Path,
+    got: GetResult,
+    sink: Sink,
+    checksum: bool,
+) -> Result<BodyRead> {
+    /// Bytes read from a local file at a time when they go nowhere.
+    const FILE_PIECE: usize = 1 << 20;
+    match got.payload {
+        GetResultPayload::File(file, _) => {
+            let read = tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::FileExt;
+                let recorded = integrity::file_checksum(&file);
+                let (mut sink, mut scratch) = match sink {
+                    Sink::Block(slot) => (Some(slot), Vec::new()),
+                    Sink::Count => (None, vec![0u8; FILE_PIECE]),
+                };
+                let (mut bytes, mut crc) = (0u64, 0u32);
+                loop {
+                    let buf = match &mut sink {
+                        // A block is read up to its end: the caller settled the length.
+                        Some(slot) => match slot.as_mut_slice().get_mut(bytes as usize..) {
+                            Some(rest) if !rest.is_empty() => rest,
+                            _ => break,
+                        },
+                        None => &mut scratch[..],
+                    };
+                    match file.read_at(buf, bytes) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if checksum {
+                                crc = integrity::checksum_append(crc, &buf[..n]);
+                            }
+                            bytes += n as u64;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(BodyRead {
+                    bytes,
+                    recorded,
+                    computed: crc,
+                })
+            })
+            .await
+            .map_err(|e| Error::join(&format!("{what} {path}"), &e))?;
+            read.map_err(|e| Error::new(Status::Io, format!("{what} {path}: {e}")))
+        }
+        GetResultPayload::Stream(mut stream) => {
+            use futures::StreamExt;
+            let recorded = integrity::recorded_checksum(&got.attributes);
+            let mut sink = sink;
+            let (mut bytes, mut crc) = (0u64, 0u32);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| op_error(what, path, &Failed::unanswered(e)))?;
+                if let Sink::Block(slot) = &mut sink {
+                    let at = bytes as usize;
+                    let Some(piece) = slot.as_mut_slice().get_mut(at..at + chunk.len()) else {
+                        // Longer than the block: report how far the body went.
+                        return Ok(BodyRead {
+                            bytes: bytes + chunk.len() as u64,
+                            recorded,
+                            computed: crc,
+                        });
+                    };
+                    piece.copy_from_slice(&chunk);
+                }
+                if checksum {
+                    crc = integrity::checksum_append(crc, &chunk);
+                }
+                bytes += chunk.len() as u64;
+            }
+            Ok(BodyRead {
+                bytes,
+                recorded,
+                computed: crc,
+            })
+        }
     }
 }
 

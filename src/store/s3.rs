@@ -7,30 +7,11 @@ use object_store::aws::{AmazonS3Builder, Checksum};
 use super::classify::error_chain;
 use super::credentials::{resolve_credentials, CredentialSource};
 use super::direct::DirectHttp;
-use super::endpoint::{parse_endpoint, Endpoint};
 use super::http_options::{client_options, retry_config, CountingConnector, RetryLedger};
 use super::DynStore;
+use crate::config::Endpoint;
 use crate::config::{ChecksumPolicy, S3Config};
 use crate::error::{Error, Result};
-
-/// The endpoint of an `endpoint_override` that may or may not carry a scheme (`scheme`
-/// decides then, https by default); `None` for AWS itself.
-pub(crate) fn endpoint(s3: &S3Config) -> Result<Option<Endpoint>> {
-    if s3.endpoint_override.is_empty() {
-        return Ok(None);
-    }
-    parse_endpoint(
-        &s3.endpoint_override,
-        s3.scheme.as_deref().unwrap_or("https"),
-    )
-    .map(Some)
-    .map_err(|why| {
-        Error::config(format!(
-            "store.endpoint_override {:?} is not a usable endpoint: {why}",
-            s3.endpoint_override
-        ))
-    })
-}
 
 /// The endpoint handed to `object_store`. With virtual-hosted addressing the bucket is
 /// part of the host name (`https://bucket.host:port`), as the AWS SDKs do with an
@@ -123,7 +104,7 @@ mod tests {
 
     fn endpoint_of(json: &str) -> Option<String> {
         let c = s3(json);
-        endpoint(&c)
+        c.endpoint()
             .unwrap()
             .map(|e| client_endpoint(&c, &e).to_string())
     }
@@ -171,7 +152,9 @@ mod tests {
 
     #[test]
     fn an_unusable_override_is_a_config_error_naming_it() {
-        let e = endpoint(&s3(r#"{"bucket":"b","endpoint_override":"ftp://h"}"#)).unwrap_err();
+        let e = s3(r#"{"bucket":"b","endpoint_override":"ftp://h"}"#)
+            .endpoint()
+            .unwrap_err();
         assert_eq!(e.status, crate::error::Status::Config);
         assert!(
             e.message.contains("store.endpoint_override"),
