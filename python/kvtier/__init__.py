@@ -32,6 +32,7 @@ from .errors import (
     TimedOutError,
     TlsError,
 )
+from ._schema import check_config, config_schema, stats_fields
 from .tier import (
     DEFAULT_KEY_BYTES,
     KEY_GROUP_BYTES,
@@ -80,9 +81,12 @@ __all__ = [
     "Status",
     "StorageIOError",
     "Tier",
+    "check_config",
+    "config_schema",
     "TimedOutError",
     "TlsError",
     "library_path",
+    "stats_fields",
     "status_str",
     "version",
     "vllm_namespace",

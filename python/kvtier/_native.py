@@ -147,6 +147,7 @@ _PROTOTYPES = {
     "kvt_tier_poll": (c_status, [tier_p, ctypes.POINTER(KvtResult), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "kvt_tier_event_fd": (ctypes.c_int, [tier_p]),
     "kvt_tier_jobs_in_flight": (ctypes.c_size_t, [tier_p]),
+    "kvt_tier_location": (ctypes.c_char_p, [tier_p]),
     "kvt_tier_drain": (c_status, [tier_p, ctypes.c_uint64]),
     "kvt_tier_shutdown": (c_status, [tier_p]),
     "kvt_tier_free": (None, [tier_p]),

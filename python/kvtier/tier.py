@@ -495,6 +495,13 @@ class Tier:
             raise ShutDownError(Status.SHUT_DOWN, "the tier has no event fd")
         return fd
 
+    @property
+    def location(self) -> str:
+        """Where the tier's objects go, in the library's words (never a credential)."""
+        with self._h as ptr:
+            raw = _lib().kvt_tier_location(ptr)
+        return raw.decode("utf-8", "replace") if raw else ""
+
     def jobs_in_flight(self) -> int:
         """Jobs submitted and not yet finished."""
         with self._h as ptr:

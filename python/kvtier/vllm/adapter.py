@@ -29,7 +29,7 @@ from ._shims import (
     SecondaryTierBase,
     check_vllm,
 )
-from .config import build_tier_config, describe_location, parse_locality
+from .config import build_tier_config, parse_locality
 from .namespace import derive_namespace
 
 logger = logging.getLogger("kvtier.vllm")
@@ -154,11 +154,6 @@ class KvtierTier(SecondaryTierBase):
             enable_kv_events=events,
             locality=self.locality,
         )
-        self._config_info = {
-            "kvtier_version": kvtier_version(),
-            "kvtier_store": config["store"]["type"],
-            "kvtier_location": describe_location(config),
-        }
         try:
             self._tier = Tier(config)
         except ConfigError:
@@ -170,6 +165,11 @@ class KvtierTier(SecondaryTierBase):
                 "(bucket, endpoint_override, scheme) and the credentials (access_key/secret_key, "
                 "or the default credential chain)",
             ) from exc
+        self._config_info = {
+            "kvtier_version": kvtier_version(),
+            "kvtier_store": config["store"]["type"],
+            "kvtier_location": self._tier.location,
+        }
         try:
             self._tier.register_memory(view)
         except BaseException:

@@ -15,27 +15,19 @@ import logging
 from typing import Any, Mapping
 
 from .._engine_adapter import drop_unset, split_flat_config
+from .._schema import config_schema
 from ._shims import Locality
 
 logger = logging.getLogger("kvtier.vllm")
 
-#: Keys of ``store_config`` that configure the tier rather than the store.
+#: Top-level keys the adapter sets itself from vLLM's keywords, never from ``store_config``.
+_KEYWORD_KEYS = frozenset({"store", "prefix", "namespace", "enable_kv_events", "locality"})
+#: Keys of ``store_config`` that configure the tier rather than the store: every
+#: top-level key the library publishes (``eviction.max_bytes`` gives ``eviction``), so a
+#: new library key needs no change here.
 TIER_KEYS = frozenset(
-    {
-        "max_inflight_transfers",
-        "max_inflight_lookups",
-        "runtime_threads",
-        "shutdown_timeout_ms",
-        "key_bytes",
-        "checksums",
-        "on_corrupt",
-        "dedup",
-        "known_keys_capacity",
-        "known_keys_ttl_ms",
-        "eviction",
-        "file_io_threads",
-    }
-)
+    entry["key"].split(".", 1)[0] for entry in config_schema()["keys"] if entry["store"] is None
+) - _KEYWORD_KEYS
 #: vLLM sends these only when non-empty; empty means "use the default (credential chain...)".
 _OMIT_WHEN_EMPTY = ("access_key", "secret_key", "session_token", "region", "ca_bundle")
 #: Optional S3 settings (#56192) that vLLM sends only when set.
@@ -59,7 +51,7 @@ _RESERVED_BACKEND_PARAMS = frozenset(
         "type",
     }
 )
-_STORE_TYPES = ("s3", "local", "memory", "azure", "gcs")
+_STORE_TYPES = tuple(config_schema()["store_types"])
 _TRUE_WORDS = {"1", "true", "yes", "y", "on", "enable"}
 
 
@@ -146,23 +138,3 @@ def build_tier_config(
         config["locality"] = loc.name
     return config
 
-
-def describe_location(config: Mapping[str, Any]) -> str:
-    """Where a tier's objects go, for logs and vLLM's info metric; never a credential."""
-    store = config["store"]
-    prefix = config.get("prefix", "")
-    objects = "/".join(p for p in (prefix.strip("/"), config.get("namespace", "")) if p)
-    if store["type"] == "s3":
-        endpoint = store.get("endpoint_override") or "AWS"
-        if "://" not in endpoint and store.get("endpoint_override"):
-            endpoint = f"{store.get('scheme', 'https')}://{endpoint}"
-        where = f"{endpoint}/{store['bucket']}"
-    elif store["type"] == "local":
-        where = f"file://{store.get('path', '')}"
-    elif store["type"] == "azure":
-        where = f"azure://{store.get('account', '')}/{store.get('container', '')}"
-    elif store["type"] == "gcs":
-        where = f"gs://{store.get('bucket', '')}"
-    else:
-        where = "memory:"
-    return f"{where}/{objects}" if objects else where

@@ -11,29 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping
 
+from .._schema import stats_fields
 from ._shims import OFFLOAD_MODULE
 
-#: kvtier's counters as vLLM metrics: counter name -> help text. Every name of
-#: ``kvtier.Tier.stats()`` (the header's ``kvt_stats``) must be here; a test checks it.
-STAT_HELP = {
-    "keys_stored": "Keys kvtier stored to the object store.",
-    "keys_loaded": "Keys kvtier loaded from the object store and verified.",
-    "bytes_stored": "Bytes kvtier stored to the object store.",
-    "bytes_loaded": "Bytes kvtier loaded from the object store and verified.",
-    "keys_failed": "Keys of kvtier store or load jobs that failed.",
-    "existence_checks": "Existence checks kvtier sent to the object store.",
-    "existence_check_errors": "Existence checks that failed (answered MISS).",
-    "corrupt_blocks": "Loaded blocks whose checksum did not match (failed, never returned).",
-    "dedup_known": "Stores skipped without asking the object store: stored or found within known_keys_ttl_ms.",
-    "dedup_joined": "Stores that joined an identical store already in flight.",
-    "dedup_already_stored": "Stores the object store answered as already present.",
-    "direct_requests": "Requests sent on kvtier's direct HTTP path.",
-    "direct_fallbacks": "Direct-path requests repeated through the general HTTP client.",
-    "evicted_blocks": "Blocks kvtier's eviction removed to keep its namespace within its budget or age (a block another tier deleted first counts too).",
-    "evicted_bytes": "Bytes of the blocks kvtier deleted by eviction.",
-    "retries": "Requests kvtier's storage client sent again after a 5xx or 429 answer or a transport error.",
-    "damaged_uploads": "Uploads the object store refused as damaged in transit (each sent again).",
-}
+#: kvtier's counters as vLLM metrics: counter name -> help text, both as the library
+#: publishes them (``kvt_stats_fields``), so no tier is needed to declare the metrics.
+STAT_HELP = dict(stats_fields())
 METRIC_PREFIX = "vllm:kv_offload_kvtier_"
 JOBS_IN_FLIGHT_METRIC = METRIC_PREFIX + "jobs_in_flight"
 #: The label every kvtier metric carries: the tier's ``type`` from its configuration.
