@@ -55,8 +55,8 @@ from ._shims import (
     vllm_version,
 )
 from .adapter import KvtierTier, ObjectStoreTier
-from .config import TIER_KEYS, build_tier_config, parse_locality
-from .metrics import CONFIG_INFO_KEYS, JOBS_IN_FLIGHT_METRIC, METRIC_LABELS, METRIC_PREFIX, STAT_HELP
+from .config import build_tier_config, parse_locality, tier_keys
+from .metrics import CONFIG_INFO_KEYS, JOBS_IN_FLIGHT_METRIC, METRIC_LABELS, METRIC_PREFIX, stat_help
 from .namespace import derive_namespace, namespace_fields
 
 
@@ -81,3 +81,12 @@ __all__ = [
     "parse_locality",
     "vllm_version",
 ]
+
+
+def __getattr__(name: str):
+    # Read from the library on first use, so that importing never needs it.
+    if name == "STAT_HELP":
+        return stat_help()
+    if name == "TIER_KEYS":
+        return tier_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

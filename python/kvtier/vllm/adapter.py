@@ -115,7 +115,7 @@ class KvtierTier(SecondaryTierBase):
         self._jobs = JobBook(logger)
         self._req_ids: dict[Any, int] = {}
         self._next_req_id = itertools.count(1)
-        self._counters = CounterGrowth(metrics.STAT_HELP)
+        self._counters = CounterGrowth(metrics.stat_help())
 
         if not isinstance(prefix, str):
             raise TypeError("prefix must be a string")

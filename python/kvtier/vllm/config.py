@@ -11,6 +11,7 @@ cannot honour.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from typing import Any, Mapping
 
@@ -22,12 +23,28 @@ logger = logging.getLogger("kvtier.vllm")
 
 #: Top-level keys the adapter sets itself from vLLM's keywords, never from ``store_config``.
 _KEYWORD_KEYS = frozenset({"store", "prefix", "namespace", "enable_kv_events", "locality"})
-#: Keys of ``store_config`` that configure the tier rather than the store: every
-#: top-level key the library publishes (``eviction.max_bytes`` gives ``eviction``), so a
-#: new library key needs no change here.
-TIER_KEYS = frozenset(
-    entry["key"].split(".", 1)[0] for entry in config_schema()["keys"] if entry["store"] is None
-) - _KEYWORD_KEYS
+
+
+@functools.cache
+def tier_keys() -> frozenset:
+    """Keys of ``store_config`` that configure the tier rather than the store: every
+    top-level key the library publishes (``eviction.max_bytes`` gives ``eviction``), so a
+    new library key needs no change here. Read from the library on first use, as
+    ``TIER_KEYS`` is, so that importing the package never needs the library."""
+    return frozenset(
+        entry["key"].split(".", 1)[0] for entry in config_schema()["keys"] if entry["store"] is None
+    ) - _KEYWORD_KEYS
+
+
+@functools.cache
+def _store_types() -> tuple:
+    return tuple(config_schema()["store_types"])
+
+
+def __getattr__(name: str):
+    if name == "TIER_KEYS":
+        return tier_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 #: vLLM sends these only when non-empty; empty means "use the default (credential chain...)".
 _OMIT_WHEN_EMPTY = ("access_key", "secret_key", "session_token", "region", "ca_bundle")
 #: Optional S3 settings (#56192) that vLLM sends only when set.
@@ -51,7 +68,6 @@ _RESERVED_BACKEND_PARAMS = frozenset(
         "type",
     }
 )
-_STORE_TYPES = tuple(config_schema()["store_types"])
 _TRUE_WORDS = {"1", "true", "yes", "y", "on", "enable"}
 
 
@@ -88,7 +104,7 @@ def build_tier_config(
     """
     if not isinstance(store_config, Mapping):
         raise TypeError(f"store_config must be a dict, not {type(store_config).__name__}")
-    tier, store = split_flat_config(store_config, TIER_KEYS)
+    tier, store = split_flat_config(store_config, tier_keys())
 
     accelerated = store.pop("accelerated", None)
     if accelerated is True or (isinstance(accelerated, str) and accelerated.lower() in _TRUE_WORDS):
@@ -109,9 +125,9 @@ def build_tier_config(
                 "store_config needs a 'bucket' (S3), or 'type': 'local' with a 'path', or 'type': 'memory'"
             )
         store_type = "s3"
-    if store_type not in _STORE_TYPES:
+    if store_type not in _store_types():
         raise ValueError(
-            f"store_config.type {store_type!r}: kvtier stores are {', '.join(_STORE_TYPES)} "
+            f"store_config.type {store_type!r}: kvtier stores are {', '.join(_store_types())} "
             "(NIXL accelerated engine types are not supported)"
         )
     if store_type == "s3":

@@ -14,9 +14,17 @@ from typing import Any, Mapping
 from .._schema import stats_fields
 from ._shims import OFFLOAD_MODULE
 
-#: kvtier's counters as vLLM metrics: counter name -> help text, both as the library
-#: publishes them (``kvt_stats_fields``), so no tier is needed to declare the metrics.
-STAT_HELP = dict(stats_fields())
+def stat_help() -> dict[str, str]:
+    """kvtier's counters as vLLM metrics: counter name -> help text, both as the library
+    publishes them (``kvt_stats_fields``), so no tier is needed to declare the metrics.
+    ``STAT_HELP`` is the same, read on first use: importing never needs the library."""
+    return dict(stats_fields())
+
+
+def __getattr__(name: str):
+    if name == "STAT_HELP":
+        return stat_help()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 METRIC_PREFIX = "vllm:kv_offload_kvtier_"
 JOBS_IN_FLIGHT_METRIC = METRIC_PREFIX + "jobs_in_flight"
 #: The label every kvtier metric carries: the tier's ``type`` from its configuration.
@@ -35,7 +43,7 @@ def metric_definitions() -> dict:
     base = importlib.import_module(OFFLOAD_MODULE)
     metrics = {
         METRIC_PREFIX + name: base.OffloadingCounterMetadata(documentation=help_text, labelnames=METRIC_LABELS)
-        for name, help_text in STAT_HELP.items()
+        for name, help_text in stat_help().items()
     }
     metrics[JOBS_IN_FLIGHT_METRIC] = base.OffloadingGaugeMetadata(
         documentation=_JOBS_IN_FLIGHT_HELP, labelnames=METRIC_LABELS
