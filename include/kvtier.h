@@ -91,6 +91,12 @@
 // Most keys one job may carry; a larger `num_keys` is KVT_STATUS_INVALID_ARGUMENT.
 #define KVT_MAX_KEYS_PER_JOB (1 << 20)
 
+// Most ranges one key's object may be made of (`ranges_per_key`).
+#define KVT_MAX_RANGES_PER_KEY 4096
+
+// Most ranges one job may carry, over all its keys.
+#define KVT_MAX_RANGES_PER_JOB (1 << 22)
+
 // Outcome of a call, of a job, or of one key inside a job.
 //
 // The numeric values are part of the ABI: never renumber, only append.
@@ -183,6 +189,14 @@ typedef enum kvt_log_level {
 
 // A tier handle. Opaque to C (so not `repr(C)`: cbindgen declares it only).
 typedef struct kvt_tier kvt_tier;
+
+// A part of a key's object in caller memory: `len` bytes at `offset` in region `region`
+// (an id from `kvt_tier_add_region`).
+typedef struct kvt_range {
+  uint64_t region;
+  uint64_t offset;
+  uint64_t len;
+} kvt_range;
 
 // One finished job, as returned by `kvt_tier_poll`.
 typedef struct kvt_result {
@@ -371,6 +385,32 @@ enum kvt_status kvt_tier_register_memory(struct kvt_tier *tier,
                                          uint64_t num_blocks,
                                          size_t block_bytes);
 
+// Registers `len` bytes at `base` as a region that range jobs
+// (`kvt_tier_submit_store_ranges`, `kvt_tier_submit_load_ranges`) name parts of, and
+// writes its id (never 0, never reused by this tier) to `*out_region`.
+//
+// The memory stays owned by the caller, who must keep it valid until
+// `kvt_tier_remove_region` of this id returns KVT_STATUS_OK, or until `kvt_tier_free`
+// (or `kvt_tier_shutdown`) returns. A tier may have any number of regions, added at any
+// time, besides or instead of the pool of `kvt_tier_register_memory`; regions may overlap
+// each other and the pool (jobs hold memory by address, whichever region names it).
+// NULL `tier`, `base` or `out_region` is KVT_STATUS_NULL_ARGUMENT, `len` 0 or a region
+// past the end of the address space KVT_STATUS_INVALID_ARGUMENT, after
+// `kvt_tier_shutdown` KVT_STATUS_SHUT_DOWN, in a fork() child KVT_STATUS_FORKED; on any
+// error `*out_region` is 0 (when `out_region` is not NULL). Thread-safe.
+enum kvt_status kvt_tier_add_region(struct kvt_tier *tier,
+                                    uint8_t *base,
+                                    size_t len,
+                                    uint64_t *out_region);
+
+// Forgets region `region`, after which the library never touches its memory and the
+// caller may free it. KVT_STATUS_BLOCK_BUSY while a job whose result has not been
+// returned by `kvt_tier_poll` holds a range of it (poll that job first; the region stays
+// registered); KVT_STATUS_INVALID_ARGUMENT for an id that is not registered (never
+// added, or removed already). Works after `kvt_tier_shutdown`. NULL `tier` is
+// KVT_STATUS_NULL_ARGUMENT; in a fork() child KVT_STATUS_FORKED. Thread-safe.
+enum kvt_status kvt_tier_remove_region(struct kvt_tier *tier, uint64_t region);
+
 // Submits a job that stores block `block_ids[i]` under key `i` for `i < num_keys`.
 //
 // * `keys`: `num_keys` keys of `key_len` bytes each, back to back. A key is a block hash
@@ -416,6 +456,54 @@ enum kvt_status kvt_tier_submit_load(struct kvt_tier *tier,
                                      const uint8_t *keys,
                                      size_t key_len,
                                      size_t num_keys);
+
+// Submits a job that stores, under key `i` for `i < num_keys`, the object made of the
+// ranges `ranges[i * ranges_per_key .. (i + 1) * ranges_per_key]`, one after the other.
+//
+// A range is `len` bytes at `offset` in region `region` (`kvt_tier_add_region`). The
+// object is the ranges' bytes concatenated, exactly the object a pool block holding the
+// same bytes gives: one name, one checksum, loadable either way. The ranges are sent as
+// they are, never gathered into a copy.
+// * `keys`, `key_len`, `num_keys`: as for `kvt_tier_submit_store`.
+// * `ranges`: `num_keys * ranges_per_key` ranges, borrowed for the call only (copied).
+//   `ranges_per_key` is 1 to KVT_MAX_RANGES_PER_KEY, and a job has at most
+//   KVT_MAX_RANGES_PER_JOB ranges; otherwise KVT_STATUS_INVALID_ARGUMENT, with the job's
+//   one result, and the arrays are not read. A range of length 0, of an unknown region,
+//   or reaching past its region's end is KVT_STATUS_INVALID_ARGUMENT with the job's one
+//   result, before any I/O.
+// * The ranges' bytes are read asynchronously: the caller must not modify them until the
+//   job's result has been returned by `kvt_tier_poll`.
+// * A job holds its ranges until then: store jobs may share bytes; bytes a load holds are
+//   KVT_STATUS_BLOCK_BUSY (with the job's one result).
+//
+// Result guarantees, threading, and behaviour after shutdown, after a caught panic and in
+// a fork() child as for `kvt_tier_submit_store`.
+enum kvt_status kvt_tier_submit_store_ranges(struct kvt_tier *tier,
+                                             uint64_t job_id,
+                                             const struct kvt_range *ranges,
+                                             size_t ranges_per_key,
+                                             const uint8_t *keys,
+                                             size_t key_len,
+                                             size_t num_keys);
+
+// Submits a job that loads key `i`, for `i < num_keys`, into the ranges
+// `ranges[i * ranges_per_key .. (i + 1) * ranges_per_key]`: the object's bytes fill them
+// one after the other, straight from the store (no staging copy).
+//
+// Same arguments, ownership and result guarantees as `kvt_tier_submit_store_ranges`. The
+// ranges are written asynchronously: the caller must not read or write them until the
+// job's result has been returned by `kvt_tier_poll`; after that the library never writes
+// them again. A load needs its bytes alone: bytes that another job (store or load) holds
+// are KVT_STATUS_BLOCK_BUSY, and ranges of one load job that overlap each other are
+// KVT_STATUS_INVALID_ARGUMENT, both with the job's one result. A key whose object is
+// missing, or whose length differs from the sum of its ranges, fails alone.
+enum kvt_status kvt_tier_submit_load_ranges(struct kvt_tier *tier,
+                                            uint64_t job_id,
+                                            const struct kvt_range *ranges,
+                                            size_t ranges_per_key,
+                                            const uint8_t *keys,
+                                            size_t key_len,
+                                            size_t num_keys);
 
 // Takes up to `capacity` finished jobs into `out_results` and writes their number to
 // `*out_count`. Never blocks; 0 results is KVT_STATUS_OK.

@@ -4,7 +4,8 @@
 //! * [`Tier`] and the rest of `engine`: job table, transfers, dedup, lookups, events, stats;
 //! * [`store`]: the store clients (local, memory, S3, Azure Blob, GCS) and the direct HTTP path;
 //! * `integrity`: block checksums; `redact`: credentials kept out of messages; [`key`]: key layout and object names; [`config`];
-//!   [`namespace`]: vLLM's namespace string; `pool`: the caller's host pool;
+//!   [`namespace`]: vLLM's namespace string; `memory`: the caller's memory (host pool,
+//!   regions, the pieces of a key's object);
 //! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API: its own
 //!   value types (`ffi::abi`, converted from the engine's), the panic boundary, the log
 //!   callback (`ffi::logs`).
@@ -16,8 +17,8 @@ pub mod error;
 pub mod ffi;
 mod integrity;
 pub mod key;
+mod memory;
 pub mod namespace;
-mod pool;
 mod redact;
 pub mod store;
 
@@ -29,7 +30,7 @@ pub use engine::{
 };
 pub use error::{Error, Result, Status};
 pub use integrity::{CRC_METADATA, CRC_METADATA_AZURE};
-pub use pool::HostPool;
+pub use memory::{HostPool, MemoryRange, MAX_RANGES_PER_JOB, MAX_RANGES_PER_KEY};
 
 /// The library version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -170,3 +170,89 @@ fn every_header_name_is_prefixed_and_comments_are_plain() {
         bad.join("\n")
     );
 }
+
+/// Every function kvtier.h exports has a C++ wrapper in kvtier.hpp: a `kvtier::Api`
+/// field (`decltype(&::kvt_x) field`), set in `Api::linked()`, resolved by name in
+/// `Api::from_handle()`, required by `Api::complete()`, and called (`api_.field(` or
+/// `api.field(`) by a wrapper outside the `Api` struct. Fails naming each function that
+/// lacks any of these.
+#[test]
+fn every_exported_function_has_a_cpp_wrapper() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let header = std::fs::read_to_string(format!("{dir}/include/kvtier.h")).unwrap();
+    let hpp = std::fs::read_to_string(format!("{dir}/include/kvtier.hpp")).unwrap();
+    let mut functions = Vec::new();
+    for line in header.lines() {
+        let trimmed = line.trim_start();
+        if line.starts_with(' ') || trimmed.starts_with("//") || trimmed.starts_with('#') {
+            continue;
+        }
+        if trimmed.starts_with("typedef") {
+            continue; // kvt_log_callback and the other types
+        }
+        let Some(paren) = line.find('(') else {
+            continue;
+        };
+        let name = line[..paren]
+            .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or("");
+        if name.starts_with("kvt_") && !functions.iter().any(|f| f == name) {
+            functions.push(name.to_string());
+        }
+    }
+    assert!(
+        functions.len() >= 20,
+        "found only {} functions in kvtier.h: {functions:?}",
+        functions.len()
+    );
+    // The Api struct's body, and the rest of the file (where the wrappers live).
+    let api_start = hpp
+        .find("struct Api {")
+        .expect("kvtier.hpp defines struct Api");
+    let api_end = api_start + hpp[api_start..].find("\n};").expect("struct Api ends");
+    let api_body = &hpp[api_start..api_end];
+    let wrappers = format!("{}{}", &hpp[..api_start], &hpp[api_end..]);
+    let complete_start = api_body
+        .find("bool complete()")
+        .expect("Api::complete exists");
+    let complete = &api_body[complete_start..][..api_body[complete_start..].find('}').unwrap()];
+    let mut missing = Vec::new();
+    for f in &functions {
+        let decl = format!("decltype(&::{f}) ");
+        let Some(at) = api_body.find(&decl) else {
+            missing.push(format!("{f}: no `decltype(&::{f})` field in kvtier::Api"));
+            continue;
+        };
+        let field: String = api_body[at + decl.len()..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let mut lacks = Vec::new();
+        if !api_body.contains(&format!("a.{field} = &::{f};")) {
+            lacks.push("not set in Api::linked()");
+        }
+        if !api_body.contains(&format!("resolve(handle, \"{f}\", a.{field});")) {
+            lacks.push("not resolved in Api::from_handle()");
+        }
+        let in_complete = complete
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|w| w == field);
+        if !in_complete {
+            lacks.push("not required by Api::complete()");
+        }
+        if !wrappers.contains(&format!("api_.{field}("))
+            && !wrappers.contains(&format!("api.{field}("))
+        {
+            lacks.push("no wrapper calls it");
+        }
+        if !lacks.is_empty() {
+            missing.push(format!("{f} (Api::{field}): {}", lacks.join(", ")));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "kvtier.hpp does not wrap every export of kvtier.h:\n{}",
+        missing.join("\n")
+    );
+}

@@ -108,6 +108,12 @@ class KvtStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 
 
+class KvtRange(ctypes.Structure):
+    """``kvt_range``: ``len`` bytes at ``offset`` in region ``region``."""
+
+    _fields_ = [("region", ctypes.c_uint64), ("offset", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
 class LogLevel(enum.IntEnum):
     """``kvt_log_level``: a record's severity, or the most verbose one wanted."""
 
@@ -143,6 +149,16 @@ _PROTOTYPES = {
     "kvt_tier_submit_load": (
         c_status,
         [tier_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t],
+    ),
+    "kvt_tier_add_region": (c_status, [tier_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]),
+    "kvt_tier_remove_region": (c_status, [tier_p, ctypes.c_uint64]),
+    "kvt_tier_submit_store_ranges": (
+        c_status,
+        [tier_p, ctypes.c_uint64, ctypes.POINTER(KvtRange), ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t],
+    ),
+    "kvt_tier_submit_load_ranges": (
+        c_status,
+        [tier_p, ctypes.c_uint64, ctypes.POINTER(KvtRange), ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t],
     ),
     "kvt_tier_poll": (c_status, [tier_p, ctypes.POINTER(KvtResult), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "kvt_tier_event_fd": (ctypes.c_int, [tier_p]),

@@ -36,8 +36,13 @@ KEY_GROUP_BYTES = 4
 DEFAULT_KEY_BYTES = 36
 #: Most keys one job may carry (``MAX_KEYS_PER_JOB``).
 MAX_KEYS_PER_JOB = 1 << 20
+#: Most ranges one key's object may be made of (``KVT_MAX_RANGES_PER_KEY``).
+MAX_RANGES_PER_KEY = 4096
+#: Most ranges one job may carry (``KVT_MAX_RANGES_PER_JOB``).
+MAX_RANGES_PER_JOB = 1 << 22
 
 _U64_MAX = (1 << 64) - 1
+_RANGE_P = ctypes.POINTER(_native.KvtRange)
 _BATCH = 64  # results / events fetched per C call
 
 
@@ -211,11 +216,13 @@ class _Handle:
     ``kvt_tier_free`` also when the tier is finalized by the garbage collector.
     """
 
-    __slots__ = ("ptr", "pool", "_lock", "_cond", "_users", "_exclusive", "__weakref__")
+    __slots__ = ("ptr", "pool", "regions", "_lock", "_cond", "_users", "_exclusive", "__weakref__")
 
     def __init__(self, ptr: int):
         self.ptr: int | None = ptr
         self.pool: tuple | None = None  # references that keep the host pool alive
+        #: Region id -> (base address, length, references that keep its memory alive).
+        self.regions: dict[int, tuple[int, int, Any]] = {}
         self._after_fork()
         _live_handles.add(self)
 
@@ -272,8 +279,10 @@ class _Handle:
             if ptr is not None:
                 self.ptr = None
                 _lib().kvt_tier_free(ptr)
-            # The library touches the pool no more once kvt_tier_free has returned.
+            # The library touches the pool and the regions no more once kvt_tier_free has
+            # returned.
             self.pool = None
+            self.regions = {}
 
         self.exclusive(_free)
 
@@ -422,6 +431,50 @@ class Tier:
             self._h.pool = (buffer, view, flat, holder)
             self.num_blocks, self.block_bytes = num_blocks, block_bytes
 
+    def add_region(self, buffer: Any = None, *, address: int | None = None, nbytes: int | None = None,
+                   owner: Any = None) -> int:
+        """Registers memory that range jobs name parts of, and returns its region id.
+
+        Either ``buffer``, any writable C-contiguous buffer (a numpy array, bytearray,
+        memoryview, mmap...), which the tier keeps a reference to (so it stays alive and
+        cannot be resized); or ``address`` and ``nbytes``, memory an engine hands out by
+        pointer (a torch tensor's ``data_ptr()``, what SGLang's ``get_page_buffer_meta``
+        points into), with ``owner`` the object that keeps it alive (the tensor): the tier
+        holds ``owner`` until the region is removed or the tier closed. A tier may have
+        any number of regions, added at any time before shutdown.
+        """
+        self._h.ensure_open()
+        if buffer is not None:
+            if address is not None or nbytes is not None:
+                raise TypeError("pass a buffer, or address and nbytes, not both")
+            view = memoryview(buffer)
+            if view.readonly:
+                raise ValueError("a region must be writable")
+            if not view.c_contiguous:
+                raise ValueError("a region must be C-contiguous")
+            flat = view if (view.ndim == 1 and view.format in ("B", "b", "c")) else view.cast("B")
+            if flat.nbytes == 0:
+                raise ValueError("a region needs at least one byte")
+            holder = (ctypes.c_ubyte * flat.nbytes).from_buffer(flat)
+            address, nbytes, refs = ctypes.addressof(holder), flat.nbytes, (buffer, view, flat, holder)
+        else:
+            if address is None or nbytes is None:
+                raise TypeError("pass a buffer, or address and nbytes")
+            address, nbytes, refs = operator.index(address), operator.index(nbytes), owner
+        region = ctypes.c_uint64()
+        with self._h as ptr:
+            _check(_lib().kvt_tier_add_region(ptr, address, nbytes, ctypes.byref(region)))
+            self._h.regions[region.value] = (address, nbytes, refs)
+        return region.value
+
+    def remove_region(self, region: int) -> None:
+        """Forgets a region; its memory may be freed afterwards. Raises
+        :class:`BlockBusyError` while a job whose result has not been polled holds a range
+        of it (the region stays registered)."""
+        with self._h as ptr:
+            _check(_lib().kvt_tier_remove_region(ptr, operator.index(region)))
+            self._h.regions.pop(region, None)
+
     # -- jobs ------------------------------------------------------------------------
 
     def _submit(self, fn, job_id: int, block_ids: Any, keys: Sequence) -> None:
@@ -451,6 +504,83 @@ class Tier:
         result has been polled. A missing or wrong-sized object fails only its key.
         """
         self._submit(_lib().kvt_tier_submit_load, job_id, block_ids, keys)
+
+    def _ranges_array(self, ranges: Any, num_keys: int):
+        """(owner, address, ranges_per_key) of a C array of ``kvt_range``: ``ranges`` is a
+        numpy array of shape ``(num_keys, R, 3)`` (region, offset, len; any integer type),
+        or ``num_keys`` sequences of ``R`` (region, offset, len) triples."""
+        try:
+            import numpy as np  # optional
+        except ImportError:  # pragma: no cover - numpy is optional
+            np = None
+        if np is not None and isinstance(ranges, np.ndarray):
+            if ranges.dtype.kind not in "iu" or ranges.ndim != 3 or ranges.shape[2] != 3:
+                raise ValueError(f"ranges must be integers of shape (num_keys, R, 3), not {ranges.dtype} {ranges.shape}")
+            if ranges.shape[0] != num_keys:
+                raise ValueError(f"ranges for {ranges.shape[0]} keys, but {num_keys} keys")
+            arr = np.ascontiguousarray(ranges, dtype=np.uint64)
+            return arr, arr.ctypes.data, ranges.shape[1]
+        per_key = [list(r) for r in ranges]
+        if len(per_key) != num_keys:
+            raise ValueError(f"ranges for {len(per_key)} keys, but {num_keys} keys")
+        count = len(per_key[0]) if per_key else 0
+        if any(len(r) != count for r in per_key):
+            raise ValueError("every key of one job has the same number of ranges")
+        flat = [tuple(map(operator.index, r)) for key_ranges in per_key for r in key_ranges]
+        arr = (_native.KvtRange * max(len(flat), 1))(*flat)
+        return arr, ctypes.addressof(arr), count
+
+    def ranges_of(self, ptrs: Sequence[int], sizes: Sequence[int], ranges_per_key: int):
+        """The ``(num_keys, ranges_per_key, 3)`` ranges of pieces given by address, as an
+        engine hands them out (SGLang's ``get_page_buffer_meta``: flat lists of pointers
+        and sizes, key after key), each found in the region that holds it. Raises
+        ``ValueError`` for a piece no registered region holds whole."""
+        import bisect
+
+        if len(ptrs) != len(sizes):
+            raise ValueError(f"{len(ptrs)} pointers but {len(sizes)} sizes")
+        if ranges_per_key <= 0 or len(ptrs) % ranges_per_key:
+            raise ValueError(f"{len(ptrs)} pieces do not divide into keys of {ranges_per_key} ranges")
+        regions = sorted((base, length, rid) for rid, (base, length, _) in self._h.regions.items())
+        bases = [r[0] for r in regions]
+        out = []
+        for ptr, size in zip(ptrs, sizes):
+            ptr, size = operator.index(ptr), operator.index(size)
+            i = bisect.bisect_right(bases, ptr) - 1
+            # Regions may overlap: the one starting last at or before the piece, or an
+            # earlier one, holds it whole.
+            while i >= 0 and not (regions[i][0] <= ptr and ptr + size <= regions[i][0] + regions[i][1]):
+                i -= 1
+            if i < 0:
+                raise ValueError(f"no registered region holds the {size} bytes at {ptr:#x}")
+            base, _, rid = regions[i]
+            out.append((rid, ptr - base, size))
+        return [out[k : k + ranges_per_key] for k in range(0, len(out), ranges_per_key)]
+
+    def _submit_ranges(self, fn, job_id: int, keys: Sequence, ranges: Any) -> None:
+        job_id = operator.index(job_id)
+        if not 0 <= job_id <= _U64_MAX:
+            raise ValueError(f"job id {job_id} is out of range")
+        buf, key_len, num_keys = _key_buffer(keys)
+        arr, address, per_key = self._ranges_array(ranges, num_keys)
+        with self._h as ptr:
+            status = fn(ptr, job_id, ctypes.cast(address, _RANGE_P), per_key, buf, key_len, num_keys)
+        del arr  # kept alive through the call
+        _check(status)
+
+    def submit_store_ranges(self, job_id: int, keys: Sequence, ranges: Any) -> None:
+        """Stores under ``keys[i]`` the object made of ``ranges[i]``, a list of (region,
+        offset, len), concatenated: the object a pool block of the same bytes gives. The
+        ranges are sent as they are (no gathering copy) and must not change until the
+        job's result has come out of :meth:`poll`. Raises on a rejected job, which still
+        yields its one failed result (except :class:`DuplicateJobError`)."""
+        self._submit_ranges(_lib().kvt_tier_submit_store_ranges, job_id, keys, ranges)
+
+    def submit_load_ranges(self, job_id: int, keys: Sequence, ranges: Any) -> None:
+        """Loads ``keys[i]`` into ``ranges[i]``, one range after the other, straight from
+        the store. The ranges must not be touched until the result has been polled; a load
+        needs its bytes alone (another job's are :class:`BlockBusyError`)."""
+        self._submit_ranges(_lib().kvt_tier_submit_load_ranges, job_id, keys, ranges)
 
     def poll(self) -> list[JobOutcome]:
         """Takes every finished job. Never blocks; each job is returned exactly once."""
@@ -619,6 +749,8 @@ __all__ = [
     "Locality",
     "LookupResult",
     "MAX_KEYS_PER_JOB",
+    "MAX_RANGES_PER_JOB",
+    "MAX_RANGES_PER_KEY",
     "Tier",
     "library_path",
     "status_str",

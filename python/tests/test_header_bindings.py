@@ -46,6 +46,8 @@ DEFINES = {
     "KVT_KEY_GROUP_BYTES": lambda: tier_module.KEY_GROUP_BYTES,
     "KVT_DEFAULT_KEY_BYTES": lambda: tier_module.DEFAULT_KEY_BYTES,
     "KVT_MAX_KEYS_PER_JOB": lambda: tier_module.MAX_KEYS_PER_JOB,
+    "KVT_MAX_RANGES_PER_KEY": lambda: tier_module.MAX_RANGES_PER_KEY,
+    "KVT_MAX_RANGES_PER_JOB": lambda: tier_module.MAX_RANGES_PER_JOB,
     "KVTIER_VERSION_MAJOR": lambda: _native.ABI_VERSION[0],
     "KVTIER_VERSION_MINOR": lambda: _native.ABI_VERSION[1],
     "KVTIER_VERSION_PATCH": lambda: int(kvtier.__version__.split(".")[2]),
@@ -70,6 +72,7 @@ STRUCTS = {
     "kvt_kv_event": _native.KvtKvEvent,
     "kvt_eviction_report": _native.KvtEvictionReport,
     "kvt_stats": _native.KvtStats,
+    "kvt_range": _native.KvtRange,
 }
 
 SCALARS = {

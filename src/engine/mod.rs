@@ -31,7 +31,9 @@ use tokio::sync::Semaphore;
 use crate::config::{StoreConfig, TierConfig};
 use crate::error::{panic_message, Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
-use crate::pool::HostPool;
+use crate::memory::{
+    BlockMemory, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB, MAX_RANGES_PER_KEY,
+};
 use crate::store::{ProbeOutcome, Store, UploadCheck};
 use dedup::Dedup;
 use jobs::{failed_result, JobTable, Phase, ReadyFd};
@@ -288,7 +290,7 @@ impl Tier {
         self.shared.pool.get().copied()
     }
 
-    /// Submits a job moving `keys[i]` to or from block `block_ids[i]`.
+    /// Submits a job moving `keys[i]` to or from block `block_ids[i]` of the pool.
     ///
     /// Never blocks. Unless it returns `DuplicateJob`, exactly one result for `job_id`
     /// will come out of [`poll`](Self::poll), also when this returns an error.
@@ -300,16 +302,81 @@ impl Tier {
         keys: KeyBatch,
     ) -> Result<()> {
         self.admit(kind, job_id, &keys)?;
-        match self
-            .prepare(kind, block_ids, &keys)
-            .and_then(|()| self.shared.table().hold(kind, job_id, block_ids))
-        {
-            Ok(()) => self.launch(kind, job_id, block_ids.to_vec(), keys),
+        let held = self
+            .prepare(&keys)
+            .and_then(|()| self.hold_blocks(kind, job_id, block_ids, &keys));
+        self.launch_held(kind, job_id, keys, held)
+    }
+
+    /// Submits a job moving `keys[i]` to or from the memory
+    /// `ranges[i * ranges_per_key .. (i + 1) * ranges_per_key]`, whose concatenation is the
+    /// key's object: the same object a pool block of the same bytes gives.
+    ///
+    /// Same guarantees as [`submit`](Self::submit). A load may not overlap memory another
+    /// job holds (or that another key of the same load names); stores may share it.
+    pub fn submit_ranges(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        ranges: &[MemoryRange],
+        ranges_per_key: usize,
+        keys: KeyBatch,
+    ) -> Result<()> {
+        self.admit(kind, job_id, &keys)?;
+        let held = self
+            .prepare(&keys)
+            .and_then(|()| self.hold_ranges(kind, job_id, ranges, ranges_per_key, &keys));
+        self.launch_held(kind, job_id, keys, held)
+    }
+
+    fn launch_held(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        keys: KeyBatch,
+        held: Result<Vec<BlockMemory>>,
+    ) -> Result<()> {
+        match held {
+            Ok(memory) => self.launch(kind, job_id, memory, keys),
             Err(e) => {
                 self.fail_admitted(job_id, kind, keys, &e);
                 Err(e)
             }
         }
+    }
+
+    /// Registers `len` bytes at `base` as a region that jobs name ranges of, and returns
+    /// its id. Regions may be added at any time before shutdown, and may overlap each
+    /// other and the pool (what jobs hold is checked by address).
+    ///
+    /// # Safety
+    /// `base .. base + len` must stay valid until the region is removed with
+    /// [`remove_region`](Self::remove_region) or the tier is shut down, and the caller must
+    /// not write a range while a store job reads it or touch it while a load job writes it.
+    pub unsafe fn add_region(&self, base: *mut u8, len: usize) -> Result<u64> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "add_region after shutdown"));
+        }
+        self.shared.table().regions.add(base, len)
+    }
+
+    /// Forgets a region, so that its memory may be freed. Refused (`BlockBusy`) while a job
+    /// whose result has not been polled holds a range of it; an unknown id is `Invalid`.
+    pub fn remove_region(&self, region: u64) -> Result<()> {
+        let mut table = self.shared.table();
+        if !table.regions.contains(region) {
+            return table.regions.remove(region);
+        }
+        let jobs = table.jobs_using(region);
+        if jobs > 0 {
+            return Err(Error::new(
+                Status::BlockBusy,
+                format!(
+                    "region {region} holds ranges of {jobs} jobs whose results have not been polled; poll them first"
+                ),
+            ));
+        }
+        table.regions.remove(region)
     }
 
     /// Records a job that was rejected before its arguments could be read (NULL pointers
@@ -361,13 +428,12 @@ impl Tier {
         self.shared.finish(failed_result(job_id, kind, keys, error));
     }
 
-    fn prepare(&self, kind: JobKind, block_ids: &[u64], keys: &KeyBatch) -> Result<()> {
+    /// Checks what every job is checked for, whatever memory it names: the tier is open,
+    /// and the keys are as many as allowed, of the configured length, and well formed.
+    fn prepare(&self, keys: &KeyBatch) -> Result<()> {
         if self.is_shut_down() {
             return Err(Error::new(Status::ShutDown, "submit after shutdown"));
         }
-        let pool = self.shared.pool.get().ok_or_else(|| {
-            Error::state("no memory registered: call register_memory before submitting jobs")
-        })?;
         if keys.is_empty() {
             return Err(Error::invalid("a job needs at least one key"));
         }
@@ -377,32 +443,12 @@ impl Tier {
                 keys.len()
             )));
         }
-        if keys.len() != block_ids.len() {
-            return Err(Error::invalid(format!(
-                "{} keys but {} block ids; a job moves one block per key",
-                keys.len(),
-                block_ids.len()
-            )));
-        }
         let expected = self.shared.config.key_bytes;
         if expected != 0 && keys.key_len() != expected {
             return Err(Error::invalid(format!(
                 "keys are {} bytes but this tier is configured for key_bytes = {expected}",
                 keys.key_len()
             )));
-        }
-        for &block in block_ids {
-            pool.check_block(block)?;
-        }
-        if kind == JobKind::Load {
-            let mut seen = std::collections::HashSet::with_capacity(block_ids.len());
-            for &block in block_ids {
-                if !seen.insert(block) {
-                    return Err(Error::invalid(format!(
-                        "block id {block} appears twice in one load job; two keys cannot load into one block"
-                    )));
-                }
-            }
         }
         // Only validation here: the object names are built on the I/O side (`run_job`), so
         // the caller's thread pays neither the hex formatting nor the path allocations.
@@ -412,11 +458,121 @@ impl Tier {
         Ok(())
     }
 
+    /// Checks `block_ids` against the pool and holds them for the job.
+    fn hold_blocks(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        block_ids: &[u64],
+        keys: &KeyBatch,
+    ) -> Result<Vec<BlockMemory>> {
+        let pool = self.shared.pool.get().ok_or_else(|| {
+            Error::state("no memory registered: call register_memory before submitting jobs")
+        })?;
+        if keys.len() != block_ids.len() {
+            return Err(Error::invalid(format!(
+                "{} keys but {} block ids; a job moves one block per key",
+                keys.len(),
+                block_ids.len()
+            )));
+        }
+        for &block in block_ids {
+            pool.check_block(block)?;
+        }
+        let memory: Vec<BlockMemory> = block_ids.iter().map(|&b| pool.block(b)).collect();
+        let pieces: Vec<Piece> = memory.iter().flat_map(|m| m.pieces()).copied().collect();
+        self.shared
+            .table()
+            .hold(kind, job_id, &pieces, &[])
+            .map_err(|c| {
+                let block = block_ids[c.piece];
+                if c.job_id == job_id {
+                    Error::invalid(format!(
+                        "block id {block} appears twice in one load job; two keys cannot load into one block"
+                    ))
+                } else {
+                    c.error(&format!("block {block}"))
+                }
+            })?;
+        Ok(memory)
+    }
+
+    /// Checks `ranges` against their regions and holds them for the job, under one lock,
+    /// so that no region is removed in between.
+    fn hold_ranges(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        ranges: &[MemoryRange],
+        ranges_per_key: usize,
+        keys: &KeyBatch,
+    ) -> Result<Vec<BlockMemory>> {
+        if ranges_per_key == 0 || ranges_per_key > MAX_RANGES_PER_KEY {
+            return Err(Error::invalid(format!(
+                "ranges_per_key is {ranges_per_key}; a key's object is 1 to {MAX_RANGES_PER_KEY} ranges"
+            )));
+        }
+        if keys.len().checked_mul(ranges_per_key) != Some(ranges.len())
+            || ranges.len() > MAX_RANGES_PER_JOB
+        {
+            return Err(Error::invalid(format!(
+                "{} keys of {ranges_per_key} ranges need {} ranges, at most {MAX_RANGES_PER_JOB} a job; {} were given",
+                keys.len(),
+                keys.len() as u128 * ranges_per_key as u128,
+                ranges.len()
+            )));
+        }
+        let mut table = self.shared.table();
+        let mut pieces = Vec::with_capacity(ranges.len());
+        for (i, range) in ranges.iter().enumerate() {
+            let piece = table.regions.resolve(range).map_err(|e| {
+                Error::new(
+                    e.status,
+                    format!("range {i} (of key {}): {}", i / ranges_per_key, e.message),
+                )
+            })?;
+            pieces.push(piece);
+        }
+        let memory: Vec<BlockMemory> = pieces
+            .chunks_exact(ranges_per_key)
+            .map(|p| BlockMemory::new(p.to_vec()))
+            .collect();
+        // Each piece lies inside a region of at most isize::MAX bytes, but a key's pieces
+        // together may not fit.
+        if let Some(k) = memory.iter().position(|m| m.len() > isize::MAX as usize) {
+            return Err(Error::invalid(format!(
+                "key {k}'s ranges add up to more than isize::MAX bytes"
+            )));
+        }
+        let regions: Vec<u64> = ranges.iter().map(|r| r.region).collect();
+        table
+            .hold(kind, job_id, &pieces, &regions)
+            .map_err(|c| {
+                let r = &ranges[c.piece];
+                let what = format!(
+                    "range {} (of key {}: region {}, bytes {}..{})",
+                    c.piece,
+                    c.piece / ranges_per_key,
+                    r.region,
+                    r.offset,
+                    r.offset as u128 + r.len as u128
+                );
+                if c.job_id == job_id {
+                    Error::invalid(format!(
+                        "{what} overlaps another range of the same load job; two keys cannot load into the same bytes"
+                    ))
+                } else {
+                    c.error(&what)
+                }
+            })?;
+        Ok(memory)
+    }
+
     fn launch(
         &self,
         kind: JobKind,
         job_id: u64,
-        block_ids: Vec<u64>,
+        memory: Vec<BlockMemory>,
         keys: KeyBatch,
     ) -> Result<()> {
         let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
@@ -432,7 +588,7 @@ impl Tier {
                 shared.clone(),
                 kind,
                 job_id,
-                block_ids,
+                memory,
                 keys.clone(),
                 submitted,
             );

@@ -1,4 +1,4 @@
-//! Transfers: one job's blocks moved between the host pool and the store, with dedup on
+//! Transfers: one job's blocks moved between caller memory and the store, with dedup on
 //! the way out and checksum verification on the way in.
 
 use std::sync::atomic::Ordering;
@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::path::Path;
+use object_store::PutPayload;
 
 use super::jobs::{JobKind, JobResult, KeyBatch};
 use super::Shared;
 use crate::config::{DedupMode, OnCorrupt};
 use crate::error::{Error, Result, Status};
-use crate::integrity;
-use crate::pool::{BlockSlot, HostPool, MemoryLease};
+use crate::memory::{BlockMemory, BlockSlot, MemoryLease};
 use crate::store::{object_path, Written};
 
 /// Runs one job to its result: every key is attempted, concurrently, within the tier's
@@ -21,7 +21,7 @@ pub(crate) async fn run_job(
     shared: Arc<Shared>,
     kind: JobKind,
     job_id: u64,
-    block_ids: Vec<u64>,
+    memory: Vec<BlockMemory>,
     keys: KeyBatch,
     submitted: Instant,
 ) -> JobResult {
@@ -38,20 +38,19 @@ pub(crate) async fn run_job(
             )
         })
         .collect();
-    let pool = *shared.pool.get().expect("submit checks registration");
     let lease = MemoryLease::new();
     let outcomes: Vec<Result<()>> = {
         let lease = &lease;
         let shared = &shared;
-        futures::future::join_all(block_ids.iter().zip(&names).zip(keys.iter()).map(
-            |((&block, name), key)| async move {
+        futures::future::join_all(memory.iter().zip(&names).zip(keys.iter()).map(
+            |((block, name), key)| async move {
                 match kind {
                     JobKind::Store => {
-                        store_deduplicated(shared, key, name, lease.view(&pool, block)).await
+                        store_deduplicated(shared, key, name, lease.payload(block)).await
                     }
                     JobKind::Load => {
                         let _permit = shared.transfer_permit().await?;
-                        let loaded = load_block(shared, key, name, &pool, block).await;
+                        let loaded = load_block(shared, key, name, block).await;
                         if let Err(e) = &loaded {
                             if matches!(
                                 e.status,
@@ -75,16 +74,22 @@ pub(crate) async fn run_job(
         .map(|o| o.as_ref().err().map_or(Status::Ok, |e| e.status))
         .collect();
     let ok_keys = key_status.iter().filter(|s| s.is_ok()).count();
+    let ok_bytes: usize = memory
+        .iter()
+        .zip(&key_status)
+        .filter(|(_, s)| s.is_ok())
+        .map(|(m, _)| m.len())
+        .sum();
     let stats = &shared.stats;
     let (keys_counter, bytes_counter) = match kind {
         JobKind::Store => (&stats.keys_stored, &stats.bytes_stored),
         JobKind::Load => (&stats.keys_loaded, &stats.bytes_loaded),
     };
     keys_counter.fetch_add(ok_keys as u64, Ordering::Relaxed);
-    for _ in 0..ok_keys {
-        shared.metrics.object_moved(pool.block_bytes());
+    for (block, _) in memory.iter().zip(&key_status).filter(|(_, s)| s.is_ok()) {
+        shared.metrics.object_moved(block.len());
     }
-    bytes_counter.fetch_add((ok_keys * pool.block_bytes()) as u64, Ordering::Relaxed);
+    bytes_counter.fetch_add(ok_bytes as u64, Ordering::Relaxed);
     stats
         .keys_failed
         .fetch_add((keys.len() - ok_keys) as u64, Ordering::Relaxed);
@@ -104,7 +109,7 @@ pub(crate) async fn run_job(
         job_id,
         kind,
         status: first_error.map_or(Status::Ok, |e| e.status),
-        bytes: (ok_keys * pool.block_bytes()) as u64,
+        bytes: ok_bytes as u64,
         seconds: submitted.elapsed().as_secs_f64(),
         key_status,
         keys,
@@ -118,13 +123,13 @@ async fn store_deduplicated(
     shared: &Shared,
     key: &[u8],
     name: &Path,
-    view: bytes::Bytes,
+    body: PutPayload,
 ) -> Result<()> {
     let dedup = &shared.dedup;
     let repair = dedup.is_corrupt(key);
     if dedup.mode == DedupMode::Off {
         let _permit = shared.transfer_permit().await?;
-        return store_block(shared, key, name, view, repair).await;
+        return store_block(shared, key, name, body, repair).await;
     }
     if !repair && dedup.is_known(key) {
         shared.stats.dedup_known.fetch_add(1, Ordering::Relaxed);
@@ -140,7 +145,7 @@ async fn store_deduplicated(
         });
     }
     let outcome = match shared.transfer_permit().await {
-        Ok(_permit) => store_block(shared, key, name, view, repair).await,
+        Ok(_permit) => store_block(shared, key, name, body, repair).await,
         Err(e) => Err(e),
     };
     if outcome.is_ok() {
@@ -156,13 +161,13 @@ async fn store_block(
     shared: &Shared,
     key: &[u8],
     name: &Path,
-    view: bytes::Bytes,
+    body: PutPayload,
     repair: bool,
 ) -> Result<()> {
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;
     let (written, crc) = shared
         .store
-        .write_block(name, view, shared.config.checksums, create)
+        .write_block(name, body, shared.config.checksums, create)
         .await?;
     match written {
         Written::Stored => {
@@ -189,16 +194,10 @@ async fn store_block(
 /// the key: it turns MISS for every later lookup of this tier and its next store overwrites
 /// the object. `fail_and_delete` deletes the object only when both reads returned the same
 /// bytes (corrupt in the store); two different wrong reads are corruption in transit.
-async fn load_block(
-    shared: &Shared,
-    key: &[u8],
-    name: &Path,
-    pool: &HostPool,
-    block: u64,
-) -> Result<()> {
-    // SAFETY: the block was bounds-checked at submit, and this load job holds it alone
-    // until its result is polled (JobTable::hold).
-    let mut slot = unsafe { BlockSlot::new(pool, block) };
+async fn load_block(shared: &Shared, key: &[u8], name: &Path, block: &BlockMemory) -> Result<()> {
+    // SAFETY: the memory was checked against its pool or region at submit, and this load
+    // job holds it alone until its result is polled (JobTable::hold).
+    let mut slot = unsafe { BlockSlot::new(block) };
     let first = match read_verified(shared, key, name, &mut slot, true).await {
         Err(e) if e.status == Status::Corrupt => e,
         other => return other,
@@ -208,7 +207,7 @@ async fn load_block(
         first.message
     );
     // The bytes of each read are in the block when it reports a mismatch.
-    let first_crc = integrity::checksum(slot.as_slice());
+    let first_crc = slot.checksum();
     match read_verified(shared, key, name, &mut slot, false).await {
         Ok(()) => {
             log::warn!(
@@ -221,7 +220,7 @@ async fn load_block(
             shared.dedup.mark_corrupt(key);
             // The same wrong bytes twice: the object itself is corrupt. Two different wrong
             // reads are corruption in transit (or an object being rewritten): never deleted.
-            let same_bytes = integrity::checksum(slot.as_slice()) == first_crc;
+            let same_bytes = slot.checksum() == first_crc;
             log::warn!(
                 "block {name}: two reads failed its checksum{}",
                 if same_bytes {

@@ -9,6 +9,7 @@
 //! codes.)
 
 use crate::engine;
+use crate::memory::MemoryRange;
 
 /// Moves every field of an engine struct into the ABI struct of the same field names,
 /// stating the names once; the destructuring makes the compiler check that no field of
@@ -18,6 +19,22 @@ macro_rules! same_fields {
         let $from { $($field),* } = $value;
         $to { $($field),* }
     }};
+}
+
+/// A part of a key's object in caller memory: `len` bytes at `offset` in region `region`
+/// (an id from `kvt_tier_add_region`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct kvt_range {
+    pub region: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl From<kvt_range> for crate::memory::MemoryRange {
+    fn from(range: kvt_range) -> Self {
+        same_fields!(range, kvt_range => MemoryRange { region, offset, len })
+    }
 }
 
 /// Direction of a job.

@@ -27,7 +27,8 @@ use boundary::{c_text, current_pid, guard, guard_tier, guard_tier_or, set_last_e
 use crate::config::Locality;
 use crate::engine::{JobKind, KeyBatch, Tier};
 use crate::error::{Error, Status};
-use abi::{kvt_eviction_report, kvt_job_kind, kvt_lookup_result, kvt_stats};
+use crate::memory::MemoryRange;
+use abi::{kvt_eviction_report, kvt_job_kind, kvt_lookup_result, kvt_range, kvt_stats};
 
 pub use boundary::kvt_last_error;
 
@@ -37,6 +38,15 @@ pub const KVT_KEY_GROUP_BYTES: usize = 4;
 pub const KVT_DEFAULT_KEY_BYTES: usize = 36;
 /// Most keys one job may carry; a larger `num_keys` is KVT_STATUS_INVALID_ARGUMENT.
 pub const KVT_MAX_KEYS_PER_JOB: usize = 1 << 20;
+/// Most ranges one key's object may be made of (`ranges_per_key`).
+pub const KVT_MAX_RANGES_PER_KEY: usize = 4096;
+/// Most ranges one job may carry, over all its keys.
+pub const KVT_MAX_RANGES_PER_JOB: usize = 1 << 22;
+
+// The header's constants are literals (cbindgen reads no paths); they are the engine's.
+const _: () = assert!(KVT_MAX_KEYS_PER_JOB == crate::engine::MAX_KEYS_PER_JOB);
+const _: () = assert!(KVT_MAX_RANGES_PER_KEY == crate::memory::MAX_RANGES_PER_KEY);
+const _: () = assert!(KVT_MAX_RANGES_PER_JOB == crate::memory::MAX_RANGES_PER_JOB);
 
 /// Tag of a live tier handle, checked on every call as a best effort (see `check_tier`);
 /// cleared when the handle is freed.
@@ -316,6 +326,73 @@ pub unsafe extern "C" fn kvt_tier_register_memory(
     }
 }
 
+/// Registers `len` bytes at `base` as a region that range jobs
+/// (`kvt_tier_submit_store_ranges`, `kvt_tier_submit_load_ranges`) name parts of, and
+/// writes its id (never 0, never reused by this tier) to `*out_region`.
+///
+/// The memory stays owned by the caller, who must keep it valid until
+/// `kvt_tier_remove_region` of this id returns KVT_STATUS_OK, or until `kvt_tier_free`
+/// (or `kvt_tier_shutdown`) returns. A tier may have any number of regions, added at any
+/// time, besides or instead of the pool of `kvt_tier_register_memory`; regions may overlap
+/// each other and the pool (jobs hold memory by address, whichever region names it).
+/// NULL `tier`, `base` or `out_region` is KVT_STATUS_NULL_ARGUMENT, `len` 0 or a region
+/// past the end of the address space KVT_STATUS_INVALID_ARGUMENT, after
+/// `kvt_tier_shutdown` KVT_STATUS_SHUT_DOWN, in a fork() child KVT_STATUS_FORKED; on any
+/// error `*out_region` is 0 (when `out_region` is not NULL). Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_add_region(
+    tier: *mut kvt_tier,
+    base: *mut u8,
+    len: usize,
+    out_region: *mut u64,
+) -> Status {
+    if !out_region.is_null() {
+        // SAFETY: the caller passes a writable pointer or NULL.
+        unsafe { *out_region = 0 };
+    }
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition; check_tier
+    // verifies what it can). The region's contract (valid until removed or freed, not
+    // touched while a job uses it) is the caller's, stated above.
+    unsafe {
+        guard_tier("kvt_tier_add_region", tier, Access::Work, |handle| {
+            if out_region.is_null() {
+                return Err(Error::new(Status::NullArgument, "out_region is NULL"));
+            }
+            let id = handle.tier.add_region(base, len)?;
+            *out_region = id;
+            Ok(())
+        })
+    }
+}
+
+/// Forgets region `region`, after which the library never touches its memory and the
+/// caller may free it. KVT_STATUS_BLOCK_BUSY while a job whose result has not been
+/// returned by `kvt_tier_poll` holds a range of it (poll that job first; the region stays
+/// registered); KVT_STATUS_INVALID_ARGUMENT for an id that is not registered (never
+/// added, or removed already). Works after `kvt_tier_shutdown`. NULL `tier` is
+/// KVT_STATUS_NULL_ARGUMENT; in a fork() child KVT_STATUS_FORKED. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_remove_region(tier: *mut kvt_tier, region: u64) -> Status {
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe {
+        guard_tier("kvt_tier_remove_region", tier, Access::Collect, |handle| {
+            handle.tier.remove_region(region)
+        })
+    }
+}
+
+/// Where the memory of a job's keys is, as the caller passed it.
+#[derive(Clone, Copy)]
+enum JobMemory {
+    /// One pool block per key.
+    Blocks(*const u64),
+    /// `per_key` ranges per key, key after key.
+    Ranges {
+        ranges: *const kvt_range,
+        per_key: usize,
+    },
+}
+
 // The C signature's arguments, passed through as they are.
 #[allow(clippy::too_many_arguments)]
 unsafe fn submit(
@@ -323,72 +400,101 @@ unsafe fn submit(
     kind: JobKind,
     tier: *mut kvt_tier,
     job_id: u64,
-    block_ids: *const u64,
+    memory: JobMemory,
     keys: *const u8,
     key_len: usize,
     num_keys: usize,
 ) -> Status {
     let body = |handle: &kvt_tier| {
+        let reject = |e: Error| Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
         if handle.failed.load(Ordering::Acquire) {
-            let e = Error::new(Status::Panic, "an earlier call on this tier panicked; it refuses further work: shut it down and free it");
-            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
+            return reject(Error::new(Status::Panic, "an earlier call on this tier panicked; it refuses further work: shut it down and free it"));
         }
         if num_keys > crate::engine::MAX_KEYS_PER_JOB {
-            return Err(handle.tier.submit_rejected(
-                kind,
-                job_id,
-                num_keys,
-                Error::invalid(format!(
-                    "num_keys is {num_keys}; a job has at most {} keys",
-                    crate::engine::MAX_KEYS_PER_JOB
-                )),
-            ));
+            return reject(Error::invalid(format!(
+                "num_keys is {num_keys}; a job has at most {} keys",
+                crate::engine::MAX_KEYS_PER_JOB
+            )));
         }
-        if num_keys > 0 && (block_ids.is_null() || keys.is_null()) {
-            let which = if block_ids.is_null() {
-                "block_ids"
+        let (memory_ptr_is_null, memory_name) = match memory {
+            JobMemory::Blocks(ids) => (ids.is_null(), "block_ids"),
+            JobMemory::Ranges { ranges, .. } => (ranges.is_null(), "ranges"),
+        };
+        if num_keys > 0 && (memory_ptr_is_null || keys.is_null()) {
+            let which = if memory_ptr_is_null {
+                memory_name
             } else {
                 "keys"
             };
-            return Err(handle.tier.submit_rejected(
-                kind,
-                job_id,
-                num_keys,
-                Error::new(
-                    Status::NullArgument,
-                    format!("{which} is NULL with num_keys = {num_keys}"),
-                ),
+            return reject(Error::new(
+                Status::NullArgument,
+                format!("{which} is NULL with num_keys = {num_keys}"),
             ));
         }
         // Every size below comes from the caller: check it before it sizes a slice, a copy
         // or an allocation. A key is at most MAX_KEY_BYTES and a job at most
-        // MAX_KEYS_PER_JOB keys, so the product cannot overflow once both hold.
+        // MAX_KEYS_PER_JOB keys, so the product cannot overflow once both hold; a job's
+        // ranges are bounded the same way before they are read.
         if let Err(e) = crate::key::check_key_len(key_len) {
-            return Err(handle.tier.submit_rejected(kind, job_id, num_keys, e));
+            return reject(e);
         }
         let Some(total) = key_len.checked_mul(num_keys) else {
-            return Err(handle.tier.submit_rejected(
-                kind,
-                job_id,
-                num_keys,
-                Error::invalid("key_len * num_keys overflows"),
-            ));
+            return reject(Error::invalid("key_len * num_keys overflows"));
         };
-        let (ids, key_bytes): (&[u64], &[u8]) = if num_keys == 0 {
-            (&[], &[])
-        } else {
-            // SAFETY: both non-NULL (checked above) and, by the header's contract, arrays of
-            // `num_keys` ids and `num_keys * key_len` key bytes, borrowed for this call only
-            // (KeyBatch::new and submit copy them).
-            unsafe {
-                (
-                    std::slice::from_raw_parts(block_ids, num_keys),
-                    std::slice::from_raw_parts(keys, total),
-                )
+        let num_ranges = match memory {
+            JobMemory::Blocks(_) => 0,
+            JobMemory::Ranges { per_key, .. } => {
+                if per_key == 0 || per_key > KVT_MAX_RANGES_PER_KEY {
+                    return reject(Error::invalid(format!(
+                        "ranges_per_key is {per_key}; a key's object is 1 to {KVT_MAX_RANGES_PER_KEY} ranges"
+                    )));
+                }
+                match num_keys.checked_mul(per_key) {
+                    Some(n) if n <= KVT_MAX_RANGES_PER_JOB => n,
+                    _ => {
+                        return reject(Error::invalid(format!(
+                            "num_keys {num_keys} * ranges_per_key {per_key} is more than a job's {KVT_MAX_RANGES_PER_JOB} ranges"
+                        )))
+                    }
+                }
             }
         };
+        let key_bytes: &[u8] = if num_keys == 0 {
+            &[]
+        } else {
+            // SAFETY: non-NULL (checked above) and, by the header's contract, an array of
+            // `num_keys * key_len` key bytes, borrowed for this call only (KeyBatch copies).
+            unsafe { std::slice::from_raw_parts(keys, total) }
+        };
         let batch = KeyBatch::new(key_bytes, key_len)?;
-        handle.tier.submit(kind, job_id, ids, batch)
+        match memory {
+            JobMemory::Blocks(block_ids) => {
+                let ids: &[u64] = if num_keys == 0 {
+                    &[]
+                } else {
+                    // SAFETY: non-NULL (checked above) and, by the header's contract, an
+                    // array of `num_keys` ids, borrowed for this call only.
+                    unsafe { std::slice::from_raw_parts(block_ids, num_keys) }
+                };
+                handle.tier.submit(kind, job_id, ids, batch)
+            }
+            JobMemory::Ranges { ranges, per_key } => {
+                let ranges: Vec<MemoryRange> = if num_keys == 0 {
+                    Vec::new()
+                } else {
+                    // SAFETY: non-NULL (checked above) and, by the header's contract, an
+                    // array of `num_keys * ranges_per_key` ranges (bounded above), borrowed
+                    // for this call only (copied here).
+                    unsafe { std::slice::from_raw_parts(ranges, num_ranges) }
+                        .iter()
+                        .map(|&r| r.into())
+                        .collect()
+                };
+                handle
+                    .tier
+                    .submit_ranges(kind, job_id, &ranges, per_key, batch)
+            }
+        }
     };
     // SAFETY: `tier` is NULL or a live handle (the header's precondition; check_tier
     // verifies what it can).
@@ -433,7 +539,7 @@ pub unsafe extern "C" fn kvt_tier_submit_store(
             JobKind::Store,
             tier,
             job_id,
-            block_ids,
+            JobMemory::Blocks(block_ids),
             keys,
             key_len,
             num_keys,
@@ -467,7 +573,95 @@ pub unsafe extern "C" fn kvt_tier_submit_load(
             JobKind::Load,
             tier,
             job_id,
-            block_ids,
+            JobMemory::Blocks(block_ids),
+            keys,
+            key_len,
+            num_keys,
+        )
+    }
+}
+
+/// Submits a job that stores, under key `i` for `i < num_keys`, the object made of the
+/// ranges `ranges[i * ranges_per_key .. (i + 1) * ranges_per_key]`, one after the other.
+///
+/// A range is `len` bytes at `offset` in region `region` (`kvt_tier_add_region`). The
+/// object is the ranges' bytes concatenated, exactly the object a pool block holding the
+/// same bytes gives: one name, one checksum, loadable either way. The ranges are sent as
+/// they are, never gathered into a copy.
+/// * `keys`, `key_len`, `num_keys`: as for `kvt_tier_submit_store`.
+/// * `ranges`: `num_keys * ranges_per_key` ranges, borrowed for the call only (copied).
+///   `ranges_per_key` is 1 to KVT_MAX_RANGES_PER_KEY, and a job has at most
+///   KVT_MAX_RANGES_PER_JOB ranges; otherwise KVT_STATUS_INVALID_ARGUMENT, with the job's
+///   one result, and the arrays are not read. A range of length 0, of an unknown region,
+///   or reaching past its region's end is KVT_STATUS_INVALID_ARGUMENT with the job's one
+///   result, before any I/O.
+/// * The ranges' bytes are read asynchronously: the caller must not modify them until the
+///   job's result has been returned by `kvt_tier_poll`.
+/// * A job holds its ranges until then: store jobs may share bytes; bytes a load holds are
+///   KVT_STATUS_BLOCK_BUSY (with the job's one result).
+///
+/// Result guarantees, threading, and behaviour after shutdown, after a caught panic and in
+/// a fork() child as for `kvt_tier_submit_store`.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_submit_store_ranges(
+    tier: *mut kvt_tier,
+    job_id: u64,
+    ranges: *const kvt_range,
+    ranges_per_key: usize,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+) -> Status {
+    // SAFETY: the arguments are passed through under the same contract.
+    unsafe {
+        submit(
+            "kvt_tier_submit_store_ranges",
+            JobKind::Store,
+            tier,
+            job_id,
+            JobMemory::Ranges {
+                ranges,
+                per_key: ranges_per_key,
+            },
+            keys,
+            key_len,
+            num_keys,
+        )
+    }
+}
+
+/// Submits a job that loads key `i`, for `i < num_keys`, into the ranges
+/// `ranges[i * ranges_per_key .. (i + 1) * ranges_per_key]`: the object's bytes fill them
+/// one after the other, straight from the store (no staging copy).
+///
+/// Same arguments, ownership and result guarantees as `kvt_tier_submit_store_ranges`. The
+/// ranges are written asynchronously: the caller must not read or write them until the
+/// job's result has been returned by `kvt_tier_poll`; after that the library never writes
+/// them again. A load needs its bytes alone: bytes that another job (store or load) holds
+/// are KVT_STATUS_BLOCK_BUSY, and ranges of one load job that overlap each other are
+/// KVT_STATUS_INVALID_ARGUMENT, both with the job's one result. A key whose object is
+/// missing, or whose length differs from the sum of its ranges, fails alone.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_submit_load_ranges(
+    tier: *mut kvt_tier,
+    job_id: u64,
+    ranges: *const kvt_range,
+    ranges_per_key: usize,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+) -> Status {
+    // SAFETY: the arguments are passed through under the same contract.
+    unsafe {
+        submit(
+            "kvt_tier_submit_load_ranges",
+            JobKind::Load,
+            tier,
+            job_id,
+            JobMemory::Ranges {
+                ranges,
+                per_key: ranges_per_key,
+            },
             keys,
             key_len,
             num_keys,

@@ -30,11 +30,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use object_store::local::LocalFileSystem;
+use object_store::PutPayload;
 
 use super::{DynStore, ReadBlock, Written};
 use crate::config::{FsyncPolicy, LocalConfig};
 use crate::error::{Error, Result, Status};
 use crate::integrity;
+use crate::memory::BlockSlot;
 
 /// Bytes per buffered `pread`/`pwrite` of a block: small enough that the CRC and the
 /// kernel's copy of a piece meet it in the core's cache (L2), so the bytes come from
@@ -253,12 +255,12 @@ impl LocalFiles {
     pub(super) fn write(
         &self,
         name: &str,
-        body: &[u8],
+        body: &PutPayload,
         checksum: bool,
         create: bool,
     ) -> Result<(Written, Option<u32>)> {
         let target = self.file_path(name);
-        let direct = self.o_direct && aligned(body.as_ptr(), body.len());
+        let direct = self.o_direct && body.iter().all(|p| aligned(p.as_ptr(), p.len()));
         let (file, temp, _) = self
             .create_temp(&target, direct)
             .map_err(|e| io_error("store", name, &e))?;
@@ -300,9 +302,14 @@ impl LocalFiles {
 
     /// Reads the block stored under `name` into `dest`, which the file must fill exactly.
     /// Blocks the calling thread.
-    pub(super) fn read(&self, name: &str, dest: &mut [u8], checksum: bool) -> Result<ReadBlock> {
+    pub(super) fn read(
+        &self,
+        name: &str,
+        dest: &mut BlockSlot,
+        checksum: bool,
+    ) -> Result<ReadBlock> {
         let path = self.file_path(name);
-        let direct = self.o_direct && aligned(dest.as_ptr(), dest.len());
+        let direct = self.o_direct && dest.aligned(DIRECT_ALIGN);
         let open = |direct: bool| {
             let mut options = std::fs::OpenOptions::new();
             options.read(true);
@@ -335,13 +342,14 @@ impl LocalFiles {
         let recorded = integrity::file_checksum(&file);
         let mut crc = 0u32;
         let mut done = 0usize;
-        // O_DIRECT reads the block in one request (the device is the bottleneck, and its
-        // pieces must stay aligned); buffered reads go piece by piece, each checksummed
-        // while it is in cache.
-        let piece_len = if direct { dest.len() } else { PIECE };
-        while done < dest.len() {
-            let end = (done + piece_len).min(dest.len());
-            let n = match file.read_at(&mut dest[done..end], done as u64) {
+        // O_DIRECT reads each of the slot's pieces in one request (the device is the
+        // bottleneck, and its pieces must stay aligned); buffered reads go PIECE by PIECE,
+        // each checksummed while it is in cache.
+        let piece_len = if direct { usize::MAX } else { PIECE };
+        let total = dest.len();
+        while done < total {
+            let buf = dest.rest_at(done, piece_len);
+            let n = match file.read_at(buf, done as u64) {
                 Ok(0) => {
                     return Err(Error::new(
                         Status::LengthMismatch,
@@ -353,7 +361,7 @@ impl LocalFiles {
                 Err(e) => return Err(io_error("load", name, &e)),
             };
             if checksum {
-                crc = integrity::checksum_append(crc, &dest[done..done + n]);
+                crc = integrity::checksum_append(crc, &buf[..n]);
             }
             done += n;
         }
@@ -479,18 +487,20 @@ fn open_dir(dir: &FsPath) -> std::result::Result<Option<OwnedFd>, i32> {
     }
 }
 
-fn fill(file: &File, body: &[u8], checksum: bool, direct: bool) -> io::Result<Option<u32>> {
-    if direct {
-        let crc = checksum.then(|| integrity::checksum(body));
-        file.write_all_at(body, 0)?;
-        return Ok(crc);
-    }
+/// Writes the body's pieces one after the other: O_DIRECT each piece in one request,
+/// buffered PIECE by PIECE, each checksummed just before it is written (while in cache).
+fn fill(file: &File, body: &PutPayload, checksum: bool, direct: bool) -> io::Result<Option<u32>> {
+    let step = if direct { usize::MAX } else { PIECE };
     let mut crc = 0u32;
-    for (i, piece) in body.chunks(PIECE).enumerate() {
-        if checksum {
-            crc = integrity::checksum_append(crc, piece);
+    let mut at = 0u64;
+    for part in body.iter() {
+        for piece in part.chunks(step) {
+            if checksum {
+                crc = integrity::checksum_append(crc, piece);
+            }
+            file.write_all_at(piece, at)?;
+            at += piece.len() as u64;
         }
-        file.write_all_at(piece, (i * PIECE) as u64)?;
     }
     Ok(checksum.then_some(crc))
 }
@@ -623,23 +633,23 @@ mod tests {
             assert!(!f.exists(&name).unwrap());
             let crc = integrity::checksum(&body);
             assert_eq!(
-                f.write(&name, &body, true, false).unwrap(),
+                write(&f, &name, &body, true, false).unwrap(),
                 (Written::Stored, Some(crc))
             );
             assert!(f.exists(&name).unwrap());
             let mut dest = vec![0u8; body.len()];
-            let read = f.read(&name, &mut dest, true).unwrap();
+            let read = read_whole(&f, &name, &mut dest, true).unwrap();
             assert_eq!(dest, body);
             assert_eq!(read.computed, Some(crc));
             let mut short = vec![0u8; body.len() + 1];
             assert_eq!(
-                f.read(&name, &mut short, true).unwrap_err().status,
+                read_whole(&f, &name, &mut short, true).unwrap_err().status,
                 Status::LengthMismatch
             );
             f.delete(&name).unwrap();
             assert!(!f.exists(&name).unwrap());
             assert_eq!(
-                f.read(&name, &mut dest, true).unwrap_err().status,
+                read_whole(&f, &name, &mut dest, true).unwrap_err().status,
                 Status::NotFound
             );
         }
@@ -652,16 +662,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path(), false, FsyncPolicy::None);
         assert_eq!(
-            f.write("k/x", b"first", false, true).unwrap().0,
+            write(&f, "k/x", b"first", false, true).unwrap().0,
             Written::Stored
         );
         assert_eq!(
-            f.write("k/x", b"second", false, true).unwrap().0,
+            write(&f, "k/x", b"second", false, true).unwrap().0,
             Written::AlreadyStored
         );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"first");
         assert_eq!(
-            f.write("k/x", b"third", false, false).unwrap().0,
+            write(&f, "k/x", b"third", false, false).unwrap().0,
             Written::Stored
         );
         assert_eq!(std::fs::read(dir.path().join("k/x")).unwrap(), b"third");
@@ -672,18 +682,18 @@ mod tests {
     fn a_directory_removed_under_the_cache_is_made_again() {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path(), false, FsyncPolicy::None);
-        f.write("d/e/one", b"1", false, false).unwrap();
+        write(&f, "d/e/one", b"1", false, false).unwrap();
         std::fs::remove_dir_all(dir.path().join("d")).unwrap();
-        f.write("d/e/two", b"2", false, false).unwrap();
+        write(&f, "d/e/two", b"2", false, false).unwrap();
         assert_eq!(std::fs::read(dir.path().join("d/e/two")).unwrap(), b"2");
         // A new directory under a cached parent that was removed: made top-down first,
         // which finds the parent gone, then the whole chain.
         std::fs::remove_dir_all(dir.path().join("d")).unwrap();
-        f.write("d/f/three", b"3", false, false).unwrap();
+        write(&f, "d/f/three", b"3", false, false).unwrap();
         assert_eq!(std::fs::read(dir.path().join("d/f/three")).unwrap(), b"3");
         // A file where a layout directory should be fails the store, never overwrites it.
         std::fs::write(dir.path().join("g"), b"not a directory").unwrap();
-        assert!(f.write("g/h/four", b"4", false, false).is_err());
+        assert!(write(&f, "g/h/four", b"4", false, false).is_err());
         assert_eq!(
             std::fs::read(dir.path().join("g")).unwrap(),
             b"not a directory"
@@ -724,7 +734,7 @@ mod tests {
         };
         for i in 0..STORES {
             let name = format!("s/t/k{i}");
-            f.write(&name, b"x", false, false)
+            write(&f, &name, b"x", false, false)
                 .unwrap_or_else(|e| panic!("store {i}: {}", e.message));
             std::fs::remove_file(dir.path().join(&name)).unwrap();
             done.store(i + 1, Ordering::Release);
@@ -747,7 +757,7 @@ mod tests {
             std::fs::write(dir.path().join(format!("a/b/{}{n}", f.temp_stem)), b"left").unwrap();
         }
         assert_eq!(
-            f.write("a/b/block", b"block", true, true).unwrap().0,
+            write(&f, "a/b/block", b"block", true, true).unwrap().0,
             Written::Stored
         );
         assert_eq!(
@@ -775,7 +785,7 @@ mod tests {
             "one/two.bin",
         ];
         for name in stored {
-            f.write(name, b"block", false, false).unwrap();
+            write(&f, name, b"block", false, false).unwrap();
         }
         let absent = [
             "kv/m_1_r0/abc/de_g0/abcdee.bin", // beside a stored block
@@ -810,14 +820,72 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path(), false, FsyncPolicy::None);
         let name = "kv/m_1_r0/abc/de_g0/abcdef.bin";
-        f.write(name, b"block", false, false).unwrap();
+        write(&f, name, b"block", false, false).unwrap();
         assert!(f.existence_checks().exists(name).unwrap());
         std::fs::remove_dir_all(dir.path().join("kv/m_1_r0")).unwrap();
         assert!(!f.existence_checks().exists(name).unwrap());
-        f.write(name, b"block", false, false).unwrap();
+        write(&f, name, b"block", false, false).unwrap();
         // A batch opened after the directory was made again finds the block: directories
         // are opened per batch, never kept.
         assert!(f.existence_checks().exists(name).unwrap());
+    }
+
+    /// A one-piece write, as a pool block's.
+    fn write(
+        f: &LocalFiles,
+        name: &str,
+        body: &[u8],
+        checksum: bool,
+        create: bool,
+    ) -> Result<(Written, Option<u32>)> {
+        f.write(name, &PutPayload::from(body.to_vec()), checksum, create)
+    }
+
+    /// A read into one buffer, as into a pool block.
+    fn read_whole(
+        f: &LocalFiles,
+        name: &str,
+        dest: &mut [u8],
+        checksum: bool,
+    ) -> Result<ReadBlock> {
+        f.read(name, &mut BlockSlot::of_buffer(dest), checksum)
+    }
+
+    #[test]
+    fn an_object_written_in_pieces_is_the_object_written_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path(), false, FsyncPolicy::None);
+        let whole: Vec<u8> = (0..3 * PIECE + 17).map(|i| (i * 7 % 251) as u8).collect();
+        let (a, b) = (PIECE / 3, 2 * PIECE + 5);
+        let pieces: PutPayload = [&whole[..a], &whole[a..b], &whole[b..]]
+            .into_iter()
+            .map(bytes::Bytes::copy_from_slice)
+            .collect();
+        let (_, crc_pieces) = f.write("p/pieces", &pieces, true, false).unwrap();
+        let (_, crc_whole) = write(&f, "p/whole", &whole, true, false).unwrap();
+        assert_eq!(crc_pieces, crc_whole);
+        assert_eq!(std::fs::read(dir.path().join("p/pieces")).unwrap(), whole);
+        // Read back into pieces split elsewhere than they were written.
+        let mut first = vec![0u8; PIECE + 1];
+        let mut second = vec![0u8; whole.len() - first.len()];
+        let memory = crate::memory::BlockMemory::new(vec![
+            crate::memory::Piece {
+                addr: first.as_mut_ptr() as usize,
+                len: first.len(),
+            },
+            crate::memory::Piece {
+                addr: second.as_mut_ptr() as usize,
+                len: second.len(),
+            },
+        ]);
+        // SAFETY: both buffers are this test's and are not touched while the slot is used.
+        let mut slot = unsafe { BlockSlot::new(&memory) };
+        let got = f.read("p/pieces", &mut slot, true).unwrap();
+        assert_eq!(got.computed, crc_whole);
+        assert_eq!(got.recorded, crc_whole);
+        assert_eq!(slot.checksum(), crc_whole.unwrap());
+        drop(slot);
+        assert_eq!([first, second].concat(), whole);
     }
 
     fn assert_no_temporary_files(dir: &FsPath) {

@@ -39,7 +39,7 @@ use object_store::{
 use crate::config::StoreConfig;
 use crate::error::{Error, Result, Status};
 use crate::integrity;
-use crate::pool::BlockSlot;
+use crate::memory::BlockSlot;
 
 pub use ::object_store;
 pub use classify::error_chain;
@@ -325,7 +325,7 @@ impl Store {
     pub(crate) async fn write_block(
         &self,
         path: &Path,
-        body: Bytes,
+        body: PutPayload,
         checksum: bool,
         create: bool,
     ) -> Result<(Written, Option<u32>)> {
@@ -337,7 +337,10 @@ impl Store {
             .await
             .map_err(|e| Error::join(&format!("store {path}"), &e))?;
         }
-        let crc = checksum.then(|| integrity::checksum(&body));
+        let crc = checksum.then(|| {
+            body.iter()
+                .fold(0, |crc, piece| integrity::checksum_append(crc, piece))
+        });
         self.put_object(path, body, crc, create)
             .await
             .map(|written| (written, crc))
@@ -346,7 +349,7 @@ impl Store {
     async fn put_object(
         &self,
         path: &Path,
-        body: Bytes,
+        body: PutPayload,
         crc: Option<u32>,
         create: bool,
     ) -> Result<Written> {
@@ -358,7 +361,13 @@ impl Store {
             (Some(crc), _) => integrity::checksum_attributes(crc),
         };
         let body = match self.backend {
-            Backend::Memory => Bytes::copy_from_slice(&body),
+            // The in-memory store keeps the body past the job: a copy, never a view of
+            // caller memory.
+            Backend::Memory => {
+                let mut copy = Vec::with_capacity(body.content_length());
+                body.iter().for_each(|piece| copy.extend_from_slice(piece));
+                PutPayload::from(copy)
+            }
             _ => body,
         };
         let mode = if create {
@@ -377,7 +386,7 @@ impl Store {
         match classify::put_with_retries(
             &self.client,
             path,
-            PutPayload::from_bytes(body),
+            body,
             options,
             self.max_retries,
             &self.damaged_uploads,
@@ -407,19 +416,14 @@ impl Store {
         if let Backend::Local { files } = &self.backend {
             let (files, name, mut dest) = (files.clone(), path.to_string(), slot.reborrow());
             // The slot is used by the blocking task alone until it is awaited here.
-            return tokio::task::spawn_blocking(move || {
-                files.read(&name, dest.as_mut_slice(), checksum)
-            })
-            .await
-            .map_err(|e| Error::join(&format!("load {path}"), &e))?;
+            return tokio::task::spawn_blocking(move || files.read(&name, &mut dest, checksum))
+                .await
+                .map_err(|e| Error::join(&format!("load {path}"), &e))?;
         }
         if let (Some(direct), true) = (&self.direct, allow_direct) {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             let block_bytes = slot.len();
-            match direct
-                .get_into(path.as_ref(), slot.as_mut_slice(), checksum)
-                .await
-            {
+            match direct.get_into(path.as_ref(), slot, checksum).await {
                 Ok((recorded, computed)) => {
                     return Ok(ReadBlock {
                         recorded,
@@ -469,7 +473,9 @@ impl Store {
     /// Writes `body` at `path` as a store job does (overwriting), its checksum recorded
     /// beside it where a load looks for it: for tools that check a store end to end.
     pub async fn put_block(&self, path: &Path, body: Bytes) -> Result<()> {
-        self.write_block(path, body, true, false).await.map(|_| ())
+        self.write_block(path, PutPayload::from_bytes(body), true, false)
+            .await
+            .map(|_| ())
     }
 
     /// Reads the object at `path` whole through the store client, checksumming its bytes
@@ -732,9 +738,9 @@ async fn read_body(
                 loop {
                     let buf = match &mut sink {
                         // A block is read up to its end: the caller settled the length.
-                        Some(slot) => match slot.as_mut_slice().get_mut(bytes as usize..) {
-                            Some(rest) if !rest.is_empty() => rest,
-                            _ => break,
+                        Some(slot) => match slot.rest_at(bytes as usize, usize::MAX) {
+                            [] => break,
+                            rest => rest,
                         },
                         None => &mut scratch[..],
                     };
@@ -768,16 +774,14 @@ async fn read_body(
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| op_error(what, path, &Failed::unanswered(e)))?;
                 if let Sink::Block(slot) = &mut sink {
-                    let at = bytes as usize;
-                    let Some(piece) = slot.as_mut_slice().get_mut(at..at + chunk.len()) else {
+                    if !slot.write_at(bytes as usize, &chunk) {
                         // Longer than the block: report how far the body went.
                         return Ok(BodyRead {
                             bytes: bytes + chunk.len() as u64,
                             recorded,
                             computed: crc,
                         });
-                    };
-                    piece.copy_from_slice(&chunk);
+                    }
                 }
                 if checksum {
                     crc = integrity::checksum_append(crc, &chunk);

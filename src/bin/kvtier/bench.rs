@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Args};
 use kvtier::key::make_key;
-use kvtier::{JobKind, KeyBatch, LookupResult, Tier};
+use kvtier::{JobKind, KeyBatch, LookupResult, MemoryRange, Tier};
 
 use crate::common::{parse_positive, parse_size, Failure, StoreArgs};
 
@@ -52,6 +52,12 @@ pub struct BenchArgs {
     /// every round)
     #[arg(verbatim_doc_comment, long, value_name = "N")]
     pub key_sets: Option<usize>,
+
+    /// Each block as N ranges in N regions, as a layer-first
+    /// engine pool keeps it (block b's piece j at b * size/N in
+    /// region j), moved by the range calls; 1 is the contiguous pool
+    #[arg(verbatim_doc_comment, long, value_name = "N", default_value = "1", value_parser = parse_positive)]
+    pub ranges_per_block: usize,
 
     /// Turn off CRC32C checksums (to measure their cost)
     #[arg(long = "no-checksums", action = ArgAction::SetFalse)]
@@ -260,11 +266,33 @@ impl PhaseResult {
     }
 }
 
+/// One job of a phase: its id, its blocks (as pool block ids, and as ranges when
+/// `--ranges-per-block` is above 1) and its keys.
+struct BenchJob {
+    id: u64,
+    blocks: Vec<u64>,
+    ranges: Vec<MemoryRange>,
+    keys: KeyBatch,
+}
+
+/// Block `b` as ranges of the layer-first layout: piece `j` in region `regions[j]`.
+fn block_ranges(regions: &[u64], block: u64, block_bytes: usize) -> Vec<MemoryRange> {
+    let piece = (block_bytes / regions.len()) as u64;
+    regions
+        .iter()
+        .map(|&region| MemoryRange {
+            region,
+            offset: block * piece,
+            len: piece,
+        })
+        .collect()
+}
+
 /// Runs jobs with at most `concurrency` in flight, refilling as results arrive.
 fn run_jobs(
     tier: &Tier,
     kind: JobKind,
-    jobs: &[(u64, Vec<u64>, KeyBatch)],
+    jobs: &[BenchJob],
     o: &BenchArgs,
     label: &str,
 ) -> Result<PhaseResult, String> {
@@ -279,9 +307,14 @@ fn run_jobs(
     while latencies.len() < jobs.len() {
         let t0 = thread_cpu();
         while submitted < jobs.len() && submitted - latencies.len() < o.concurrency {
-            let (id, blocks, keys) = &jobs[submitted];
+            let job = &jobs[submitted];
             // A rejected job still yields its failed result below.
-            let _ = tier.submit(kind, *id, blocks, keys.clone());
+            let _ = if job.ranges.is_empty() {
+                tier.submit(kind, job.id, &job.blocks, job.keys.clone())
+            } else {
+                let per_key = job.ranges.len() / job.blocks.len();
+                tier.submit_ranges(kind, job.id, &job.ranges, per_key, job.keys.clone())
+            };
             submitted += 1;
         }
         let results = tier.poll(usize::MAX);
@@ -318,7 +351,7 @@ fn run_jobs(
         seconds,
         cpu_seconds: rusage().0 - cpu0,
         caller_seconds,
-        keys: jobs.iter().map(|j| j.2.len()).sum(),
+        keys: jobs.iter().map(|j| j.keys.len()).sum(),
         latencies_ms: latencies,
     })
 }
@@ -415,9 +448,30 @@ fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
     let mut pool = vec![0u8; 2 * n * bs];
     fill(&mut pool, 0x5eed);
     let tier = Tier::from_json(config).map_err(|e| e.to_string())?;
-    // SAFETY: `pool` holds exactly 2n blocks of `bs` bytes and is dropped after the tier (declared first).
-    unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }
-        .map_err(|e| e.to_string())?;
+    let layers = o.ranges_per_block;
+    // Contiguous: block b at b * bs. In ranges: the pool is `layers` regions one after the
+    // other, block b's piece j at b * (bs / layers) in region j.
+    let piece = bs / layers;
+    let at = |block: usize, j: usize| j * 2 * n * piece + block * piece;
+    let regions: Vec<u64> = if layers == 1 {
+        // SAFETY: `pool` holds exactly 2n blocks of `bs` bytes and is dropped after the tier (declared first).
+        unsafe { tier.register_memory(pool.as_mut_ptr(), 2 * n as u64, bs) }
+            .map_err(|e| e.to_string())?;
+        Vec::new()
+    } else {
+        if !bs.is_multiple_of(layers) {
+            return Err(format!(
+                "--block-size {bs} does not divide into {layers} ranges"
+            ));
+        }
+        (0..layers)
+            .map(|j| {
+                // SAFETY: each region lies inside `pool`, dropped after the tier.
+                unsafe { tier.add_region(pool.as_mut_ptr().add(at(0, j)), 2 * n * piece) }
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<_, _>>()?
+    };
     let (_, peak_rss_start) = rusage();
     let slot_of = |i: usize| -> usize { n + (i * 7919 + 13) % n };
     let mut phases: Vec<PhaseResult> = Vec::new();
@@ -432,15 +486,28 @@ fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
     while round < o.repeat || o.duration.is_some_and(|d| started.elapsed() < d) {
         let salt = base_salt ^ o.key_sets.map_or(round, |sets| round % sets.max(1)) as u64;
         let keys: Vec<Vec<u8>> = (0..n as u64).map(|i| key_for(i, salt)).collect();
-        let mut make_jobs = |slot: &dyn Fn(usize) -> usize| -> Vec<(u64, Vec<u64>, KeyBatch)> {
+        let mut make_jobs = |slot: &dyn Fn(usize) -> usize| -> Vec<BenchJob> {
             (0..n)
                 .step_by(o.keys_per_job)
                 .map(|first| {
                     let range = first..(first + o.keys_per_job).min(n);
-                    let ids: Vec<u64> = range.clone().map(|b| slot(b) as u64).collect();
-                    let batch = KeyBatch::from_keys(&keys[range]).expect("keys have one length");
+                    let blocks: Vec<u64> = range.clone().map(|b| slot(b) as u64).collect();
+                    let ranges = if regions.is_empty() {
+                        Vec::new()
+                    } else {
+                        blocks
+                            .iter()
+                            .flat_map(|&b| block_ranges(&regions, b, bs))
+                            .collect()
+                    };
+                    let keys = KeyBatch::from_keys(&keys[range]).expect("keys have one length");
                     job_id += 1;
-                    (job_id, ids, batch)
+                    BenchJob {
+                        id: job_id,
+                        blocks,
+                        ranges,
+                        keys,
+                    }
                 })
                 .collect()
         };
@@ -450,7 +517,9 @@ fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
             let result = match phase.as_str() {
                 "store" => run_jobs(&tier, JobKind::Store, &store_jobs, o, "store")?,
                 "load" => {
-                    pool[n * bs..].fill(0);
+                    for j in 0..layers {
+                        pool[at(n, j)..at(n, j) + n * piece].fill(0);
+                    }
                     run_jobs(&tier, JobKind::Load, &load_jobs, o, "load")?
                 }
                 "exists" => {
@@ -460,7 +529,10 @@ fn bench_with(o: &BenchArgs, config: &str) -> Result<(), String> {
                 _ => {
                     for i in 0..n {
                         let s = slot_of(i);
-                        if pool[i * bs..(i + 1) * bs] != pool[s * bs..(s + 1) * bs] {
+                        let same = (0..layers).all(|j| {
+                            pool[at(i, j)..at(i, j) + piece] == pool[at(s, j)..at(s, j) + piece]
+                        });
+                        if !same {
                             return Err(format!(
                                 "block {i} differs from slot {s} after the round trip"
                             ));
@@ -562,6 +634,7 @@ fn print_report(
             "{}",
             serde_json::json!({
                 "blocks": o.blocks, "block_bytes": o.block_size, "keys_per_job": o.keys_per_job,
+                "ranges_per_block": o.ranges_per_block,
                 "concurrency": o.concurrency, "repeat": o.repeat, "checksums": o.checksums,
                 "phases": rows, "verified_blocks": verified,
                 "peak_rss_kib_after_setup": peak_rss_start, "peak_rss_kib_end": peak_rss_end,
@@ -580,9 +653,13 @@ fn print_report(
         return;
     }
     println!(
-        "kvtier bench: {} blocks of {} KiB x {} round(s), {} key(s) per job, {} jobs in flight, checksums {}",
+        "kvtier bench: {} blocks of {} KiB{} x {} round(s), {} key(s) per job, {} jobs in flight, checksums {}",
         o.blocks,
         o.block_size / 1024,
+        match o.ranges_per_block {
+            1 => String::new(),
+            n => format!(" as {n} ranges"),
+        },
         soak.rounds,
         o.keys_per_job,
         o.concurrency,

@@ -48,6 +48,7 @@ use super::classify::status_of_answer;
 use crate::config::S3Config;
 use crate::error::Status;
 use crate::integrity;
+use crate::memory::BlockSlot;
 
 use request::{Target, Unusable};
 use response::ResponseHead;
@@ -144,16 +145,16 @@ impl DirectHttp {
         }))
     }
 
-    /// GETs bytes `0..dest.len()` of object `name` into `dest`. Returns the CRC32C the
+    /// GETs bytes `0..dest.len()` of object `name` into `dest`, piece after piece. Returns the CRC32C the
     /// object records (`x-amz-meta-kvtier-crc32c`) and, when `crc` is set, the CRC32C of
     /// the bytes read. On any error `dest` may hold partial data.
     pub(crate) async fn get_into(
         &self,
         name: &str,
-        dest: &mut [u8],
+        dest: &mut BlockSlot,
         crc: bool,
     ) -> Result<(Option<u32>, u32), DirectError> {
-        if dest.is_empty() {
+        if dest.len() == 0 {
             return Err(DirectError::Fallback("empty block".into()));
         }
         let credential = self.credential().await?;
@@ -279,7 +280,7 @@ trait Exchange {
 
 /// A ranged GET whose body goes into `dest`.
 struct GetInto<'a> {
-    dest: &'a mut [u8],
+    dest: &'a mut BlockSlot,
     crc: bool,
 }
 
@@ -350,7 +351,7 @@ type GetOutcome = Result<(Option<u32>, u32), DirectError>;
 async fn get_exchange(
     conn: &mut Conn,
     request: &[u8],
-    dest: &mut [u8],
+    dest: &mut BlockSlot,
     crc: bool,
 ) -> io::Result<(GetOutcome, bool)> {
     let mut buf = Vec::new();
@@ -367,24 +368,26 @@ async fn get_exchange(
     }
     // Bytes beyond the body, already read with the head, belong to no request: the body is
     // whole, but the connection is not reused.
-    let (early, surplus) = early.split_at(early.len().min(dest.len()));
-    dest[..early.len()].copy_from_slice(early);
+    let total = dest.len();
+    let (early, surplus) = early.split_at(early.len().min(total));
+    dest.write_at(0, early);
     let mut sum = if crc { integrity::checksum(early) } else { 0 };
     let mut done = early.len();
     let mut wake_at = 1;
-    while done < dest.len() {
-        let want = wake_bytes(conn.is_tls(), dest.len() - done);
+    while done < total {
+        let want = wake_bytes(conn.is_tls(), total - done);
         if want != wake_at {
             set_receive_low_water(conn, want);
             wake_at = want;
         }
-        let piece = (dest.len() - done).min(READ_PIECE);
-        let n = conn.read(&mut dest[done..done + piece]).await?;
+        // Up to READ_PIECE bytes, within one of the slot's pieces.
+        let piece = dest.rest_at(done, READ_PIECE);
+        let n = conn.read(piece).await?;
         if n == 0 {
             return Err(eof("body cut short"));
         }
         if crc {
-            sum = integrity::checksum_append(sum, &dest[done..done + n]);
+            sum = integrity::checksum_append(sum, &piece[..n]);
         }
         done += n;
     }
@@ -632,7 +635,10 @@ mod tests {
 
     async fn get(s: &Scripted) -> Result<(Option<u32>, u32), DirectError> {
         let mut block = [0u8; 10];
-        let got = s.direct.get_into("kv/a", &mut block, true).await;
+        let got = s
+            .direct
+            .get_into("kv/a", &mut BlockSlot::of_buffer(&mut block), true)
+            .await;
         if got.is_ok() {
             assert_eq!(&block, b"0123456789");
         }

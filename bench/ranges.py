@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""bench/ranges.py: blocks moved as N ranges against the contiguous pool, side by side.
+
+    bench/ranges.py                 # 2 MiB blocks, 16 in flight, N = 1, 2, 64, local + sink
+    bench/ranges.py --reps 5 --blocks 512
+
+For each store (the local store on /dev/shm, so the device does not hide the client's
+cost, and the in-memory S3 sink of bench/sink) and each N, runs `kvtier bench` (every
+byte of every round trip verified) with `--ranges-per-block N`: N = 1 is the contiguous
+pool calls, N > 1 a layer-first layout (block b's piece j in region j) through the range
+calls. The runs are interleaved, `--reps` times, and the medians are printed with their
+ratio to N = 1 and the targets (throughput at least 0.9x, CPU per GiB at most 1.1x);
+writes bench/results/ranges.md.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SINK_TARGET = os.path.join(ROOT, "target", "bench")
+ACCESS_KEY, SECRET_KEY, BUCKET = "kvtier", "kvtier-secret", "kvbench"
+
+
+def log(msg):
+    print(f"[ranges] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build():
+    subprocess.run(["cargo", "build", "--release", "--bin", "kvtier", "-q"], cwd=ROOT, check=True)
+    env = dict(os.environ, CARGO_TARGET_DIR=SINK_TARGET)
+    subprocess.run(["cargo", "build", "--release", "-q", "--manifest-path", "bench/sink/Cargo.toml"],
+                   cwd=ROOT, env=env, check=True)
+
+
+def start_sink():
+    port = free_port()
+    proc = subprocess.Popen(
+        [os.path.join(SINK_TARGET, "release", "kvtier-bench-sink"), "--host", "127.0.0.1", "--port", str(port),
+         "--bucket", BUCKET, "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the sink did not start")
+            time.sleep(0.05)
+
+
+def run(config, n, args):
+    cmd = [os.path.join(ROOT, "target", "release", "kvtier"), "bench", "--json", "--config", json.dumps(config),
+           "--blocks", str(args.blocks), "--block-size", args.block_size, "--concurrency", str(args.concurrency),
+           "--workload", "store,load,verify", "--ranges-per-block", str(n)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"kvtier bench N={n} failed: {out.stderr.strip()}")
+    report = json.loads(out.stdout)
+    assert report["verified_blocks"] == args.blocks, report
+    return {p["phase"]: p for p in report["phases"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranges", default="1,2,64")
+    ap.add_argument("--blocks", type=int, default=256)
+    ap.add_argument("--block-size", default="2M")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--stores", default="local,sink")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.ranges.split(",")]
+    assert counts[0] == 1, "the first count is the contiguous baseline, 1"
+    build()
+    sink, port = (None, None)
+    stores = args.stores.split(",")
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    tmp = tempfile.mkdtemp(prefix="kvbench-ranges-", dir=base)
+    rows = {}
+    try:
+        if "sink" in stores:
+            sink, port = start_sink()
+        configs = {
+            "local": {"store": {"type": "local", "path": tmp}, "dedup": "off"},
+            "sink": {"store": {"type": "s3", "bucket": BUCKET, "endpoint_override": f"127.0.0.1:{port}",
+                               "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+                               "region": "us-east-1"}, "dedup": "off"},
+        }
+        for rep in range(args.reps):
+            # Rotated each repetition, so that drift on the machine hits every N alike.
+            order = counts[rep % len(counts):] + counts[:rep % len(counts)]
+            for store in stores:
+                for n in order:
+                    log(f"rep {rep + 1}/{args.reps}: {store}, {n} range(s) per block")
+                    phases = run(configs[store], n, args)
+                    for phase in ("store", "load"):
+                        rows.setdefault((store, phase, n), []).append(phases[phase])
+    finally:
+        if sink is not None:
+            os.killpg(sink.pid, 15)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    lines = [f"# Blocks as ranges against the contiguous pool ({args.block_size} blocks, {args.concurrency} in flight, "
+             f"{args.blocks} blocks, median of {args.reps})", "",
+             "| store | phase | ranges/block | MiB/s | CPU s/GiB | MiB/s vs 1 | CPU vs 1 | target met |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    failed = []
+    for store in stores:
+        for phase in ("store", "load"):
+            base_rows = rows[(store, phase, 1)]
+            base_mib = statistics.median(r["mib_s"] for r in base_rows)
+            base_cpu = statistics.median(r["cpu_s_per_gib"] for r in base_rows)
+            for n in counts:
+                mib = statistics.median(r["mib_s"] for r in rows[(store, phase, n)])
+                cpu = statistics.median(r["cpu_s_per_gib"] for r in rows[(store, phase, n)])
+                ok = n == 1 or (mib >= 0.9 * base_mib and cpu <= 1.1 * base_cpu)
+                if not ok:
+                    failed.append(f"{store} {phase} N={n}")
+                lines.append(f"| {store} | {phase} | {n} | {mib:.0f} | {cpu:.3f} | {mib / base_mib:.2f}x | "
+                             f"{cpu / base_cpu:.2f}x | {'-' if n == 1 else ('yes' if ok else 'NO')} |")
+    lines += ["", f"Targets (at least 0.9x the throughput, at most 1.1x the CPU per GiB): "
+              f"{'all met' if not failed else 'missed by ' + ', '.join(failed)}.",
+              f"Machine: {os.cpu_count()} CPUs; `kvtier bench` with checksums on, dedup off, every byte verified."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "bench", "results", "ranges.md"), "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()

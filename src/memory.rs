@@ -1,0 +1,397 @@
+//! The caller's memory: the host pool (block `i` at `base + i * block_bytes`), the
+//! regions registered beside it, the pieces one key's object is made of (one for a pool
+//! block, one per range otherwise), and the leases that keep track of who still reads it.
+//!
+//! An object is the concatenation of its pieces: the same bytes stored from one piece or
+//! from many are the same object. Every piece is checked against its pool or region when
+//! the job is submitted; from then on a piece is an address and a length.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::PutPayload;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result, Status};
+
+/// Most ranges one key's object may be made of.
+pub const MAX_RANGES_PER_KEY: usize = 4096;
+/// Most ranges one job may carry, over all its keys.
+pub const MAX_RANGES_PER_JOB: usize = 1 << 22;
+
+/// The registered host pool: block `i` lives at `base + i * block_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct HostPool {
+    base: usize,
+    num_blocks: u64,
+    block_bytes: usize,
+}
+
+impl HostPool {
+    /// # Safety
+    /// `base` must point to `num_blocks * block_bytes` bytes that stay valid, and that
+    /// nothing else writes while a job using them is in flight, until the tier is shut down.
+    pub unsafe fn new(base: *mut u8, num_blocks: u64, block_bytes: usize) -> Result<Self> {
+        if base.is_null() {
+            return Err(Error::new(Status::NullArgument, "pool base is NULL"));
+        }
+        if num_blocks == 0 || block_bytes == 0 {
+            return Err(Error::invalid(format!(
+                "pool of {num_blocks} blocks of {block_bytes} bytes is empty"
+            )));
+        }
+        let total = (num_blocks as u128) * (block_bytes as u128);
+        if total > isize::MAX as u128 || (base as u128) + total > usize::MAX as u128 {
+            return Err(Error::invalid(format!(
+                "pool of {num_blocks} blocks of {block_bytes} bytes does not fit in the address space"
+            )));
+        }
+        Ok(HostPool {
+            base: base as usize,
+            num_blocks,
+            block_bytes,
+        })
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    pub fn check_block(&self, block_id: u64) -> Result<()> {
+        if block_id >= self.num_blocks {
+            return Err(Error::invalid(format!(
+                "block id {block_id} is out of range: the registered pool has {} blocks",
+                self.num_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Start address of a block already checked with [`check_block`](Self::check_block).
+    pub fn block_ptr(&self, block_id: u64) -> *mut u8 {
+        debug_assert!(block_id < self.num_blocks);
+        (self.base + block_id as usize * self.block_bytes) as *mut u8
+    }
+
+    /// The memory of a block already checked with [`check_block`](Self::check_block).
+    pub(crate) fn block(&self, block_id: u64) -> BlockMemory {
+        BlockMemory::new(vec![Piece {
+            addr: self.block_ptr(block_id) as usize,
+            len: self.block_bytes,
+        }])
+    }
+}
+
+/// A part of a key's object in caller memory: a range of a region, or a pool block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemoryRange {
+    /// The region, as [`Regions::add`] numbered it.
+    pub region: u64,
+    /// Where the range starts, from the region's base.
+    pub offset: u64,
+    /// Its length in bytes (at least 1).
+    pub len: u64,
+}
+
+/// Caller memory registered besides the pool, by id. Ids are never reused, so a stale id
+/// is an unknown region, never another one.
+#[derive(Debug, Default)]
+pub(crate) struct Regions {
+    next_id: u64,
+    regions: HashMap<u64, Region>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    base: usize,
+    len: usize,
+}
+
+impl Regions {
+    /// Registers `len` bytes at `base`; returns the region's id (from 1).
+    pub(crate) fn add(&mut self, base: *mut u8, len: usize) -> Result<u64> {
+        if base.is_null() {
+            return Err(Error::new(Status::NullArgument, "region base is NULL"));
+        }
+        if len == 0 {
+            return Err(Error::invalid("a region needs at least one byte"));
+        }
+        if len > isize::MAX as usize || (base as usize).checked_add(len).is_none() {
+            return Err(Error::invalid(format!(
+                "a region of {len} bytes at {base:p} does not fit in the address space"
+            )));
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.regions.insert(
+            id,
+            Region {
+                base: base as usize,
+                len,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Forgets a region; the caller checked that no job holds a range of it.
+    pub(crate) fn remove(&mut self, id: u64) -> Result<()> {
+        self.regions
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| unknown_region(id))
+    }
+
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        self.regions.contains_key(&id)
+    }
+
+    /// The piece of memory `range` names, checked against its region.
+    pub(crate) fn resolve(&self, range: &MemoryRange) -> Result<Piece> {
+        let region = self
+            .regions
+            .get(&range.region)
+            .ok_or_else(|| unknown_region(range.region))?;
+        if range.len == 0 {
+            return Err(Error::invalid(format!(
+                "range at offset {} of region {} has length 0; every range holds at least one byte",
+                range.offset, range.region
+            )));
+        }
+        let end = range.offset as u128 + range.len as u128;
+        if end > region.len as u128 {
+            return Err(Error::invalid(format!(
+                "range {}..{} is outside region {}, which has {} bytes",
+                range.offset, end, range.region, region.len
+            )));
+        }
+        Ok(Piece {
+            addr: region.base + range.offset as usize,
+            len: range.len as usize,
+        })
+    }
+}
+
+fn unknown_region(id: u64) -> Error {
+    Error::invalid(format!(
+        "region {id} is not registered (never added, or removed)"
+    ))
+}
+
+/// A contiguous piece of caller memory, checked against its pool or region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+}
+
+impl Piece {
+    pub(crate) fn end(&self) -> usize {
+        self.addr + self.len
+    }
+}
+
+/// Where one key's object lives in caller memory: its pieces, in object order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockMemory {
+    pieces: Vec<Piece>,
+    len: usize,
+}
+
+impl BlockMemory {
+    pub(crate) fn new(pieces: Vec<Piece>) -> Self {
+        let len = pieces.iter().map(|p| p.len).sum();
+        BlockMemory { pieces, len }
+    }
+
+    /// The object's length: the sum of its pieces.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+}
+
+/// One key's memory, writable by the load that holds it: what a store reads an object
+/// into, piece after piece.
+pub(crate) struct BlockSlot {
+    pieces: Vec<Piece>,
+    /// Where each piece starts in the object.
+    starts: Vec<usize>,
+    len: usize,
+}
+
+// SAFETY: a slot is created only for memory that one load job holds alone (see
+// `BlockSlot::new`); moving it to another thread moves that exclusive access with it.
+unsafe impl Send for BlockSlot {}
+
+impl BlockSlot {
+    /// # Safety
+    /// `memory` must have been checked against its pool or region at submit, and the
+    /// caller must hold it alone for as long as the slot (or any slot made from it) is
+    /// used: no other job reads or writes it, and the caller of the C API does not touch
+    /// it until the job's result is polled.
+    pub(crate) unsafe fn new(memory: &BlockMemory) -> Self {
+        let mut starts = Vec::with_capacity(memory.pieces.len());
+        let mut at = 0;
+        for piece in &memory.pieces {
+            starts.push(at);
+            at += piece.len;
+        }
+        BlockSlot {
+            pieces: memory.pieces.clone(),
+            starts,
+            len: memory.len,
+        }
+    }
+
+    /// A slot over a buffer of the caller's (tests of the store paths).
+    #[cfg(test)]
+    pub(crate) fn of_buffer(buffer: &mut [u8]) -> Self {
+        let memory = BlockMemory::new(vec![Piece {
+            addr: buffer.as_mut_ptr() as usize,
+            len: buffer.len(),
+        }]);
+        // SAFETY: the buffer is borrowed mutably by the caller for as long as it uses the slot.
+        unsafe { BlockSlot::new(&memory) }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether every piece starts and ends on `align` bytes (for O_DIRECT).
+    pub(crate) fn aligned(&self, align: usize) -> bool {
+        self.pieces
+            .iter()
+            .all(|p| p.addr.is_multiple_of(align) && p.len.is_multiple_of(align))
+    }
+
+    /// The bytes of the object from `at` to the end of the piece that holds `at`, at most
+    /// `max` of them; empty at or past the end of the object.
+    pub(crate) fn rest_at(&mut self, at: usize, max: usize) -> &mut [u8] {
+        if at >= self.len {
+            return &mut [];
+        }
+        let i = self.starts.partition_point(|&s| s <= at) - 1;
+        let piece = self.pieces[i];
+        let skip = at - self.starts[i];
+        let n = (piece.len - skip).min(max);
+        // SAFETY: the slot's contract (`BlockSlot::new`) gives it exclusive access to every
+        // piece; `skip + n <= piece.len`, and `&mut self` keeps this borrow unique.
+        unsafe { std::slice::from_raw_parts_mut((piece.addr + skip) as *mut u8, n) }
+    }
+
+    /// Copies `data` into the object at `at`, across pieces; `false` (and nothing
+    /// written) if it would run past the end.
+    pub(crate) fn write_at(&mut self, at: usize, data: &[u8]) -> bool {
+        if at.checked_add(data.len()).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        let mut done = 0;
+        while done < data.len() {
+            let rest = self.rest_at(at + done, data.len() - done);
+            let n = rest.len();
+            rest.copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+        true
+    }
+
+    /// The CRC32C of the whole object as the slot holds it now.
+    pub(crate) fn checksum(&self) -> u32 {
+        self.pieces.iter().fold(0, |crc, piece| {
+            // SAFETY: as in `rest_at`; `&self` only reads.
+            let bytes = unsafe { std::slice::from_raw_parts(piece.addr as *const u8, piece.len) };
+            crate::integrity::checksum_append(crc, bytes)
+        })
+    }
+
+    /// The same memory for a blocking thread. The caller must not use `self` until that
+    /// thread is done with the returned slot (it awaits the blocking task).
+    pub(crate) fn reborrow(&mut self) -> BlockSlot {
+        BlockSlot {
+            pieces: self.pieces.clone(),
+            starts: self.starts.clone(),
+            len: self.len,
+        }
+    }
+}
+
+/// Counts the references to caller memory handed to the store for one job.
+///
+/// A PUT body is a `Bytes` that points straight into the host pool (no copy). HTTP
+/// clients may hold such a body in a connection task after the request future has
+/// returned, so a job is reported only after every body built from its blocks has
+/// been dropped: [`MemoryLease::released`] resolves at that point.
+pub(crate) struct MemoryLease {
+    token: Option<Arc<LeaseToken>>,
+    released: oneshot::Receiver<()>,
+}
+
+struct LeaseToken {
+    _on_drop: oneshot::Sender<()>,
+}
+
+struct BlockView {
+    ptr: *const u8,
+    len: usize,
+    _token: Arc<LeaseToken>,
+}
+
+// The view only reads caller memory the caller promised not to change while the job runs.
+unsafe impl Send for BlockView {}
+unsafe impl Sync for BlockView {}
+
+impl AsRef<[u8]> for BlockView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies inside the registered pool (checked when the job was
+        // submitted), which outlives every job, and the caller does not write it while the job runs.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl MemoryLease {
+    pub(crate) fn new() -> Self {
+        let (tx, rx) = oneshot::channel();
+        MemoryLease {
+            token: Some(Arc::new(LeaseToken { _on_drop: tx })),
+            released: rx,
+        }
+    }
+
+    /// A zero-copy view of a key's memory, one `Bytes` per piece, counted by this lease:
+    /// the body of its upload, never gathered into one buffer.
+    pub(crate) fn payload(&self, memory: &BlockMemory) -> PutPayload {
+        let token = self.token.as_ref().expect("lease already waited on");
+        memory
+            .pieces
+            .iter()
+            .map(|piece| {
+                Bytes::from_owner(BlockView {
+                    ptr: piece.addr as *const u8,
+                    len: piece.len,
+                    _token: token.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Resolves once no view of this lease is alive any more.
+    pub(crate) async fn released(mut self) {
+        self.token = None;
+        let _ = (&mut self.released).await;
+    }
+}
+
+impl Default for MemoryLease {
+    fn default() -> Self {
+        Self::new()
+    }
+}
