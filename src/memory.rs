@@ -288,6 +288,32 @@ impl BlockSlot {
         unsafe { std::slice::from_raw_parts_mut((piece.addr + skip) as *mut u8, n) }
     }
 
+    /// The bytes of the object from `at` on, at most `max` of them, as one slice per piece
+    /// they cross (for a vectored read); empty at or past the end of the object.
+    pub(crate) fn slices_at(&mut self, at: usize, max: usize) -> Vec<std::io::IoSliceMut<'_>> {
+        let mut out = Vec::new();
+        if at >= self.len {
+            return out;
+        }
+        let mut i = self.starts.partition_point(|&s| s <= at) - 1;
+        let mut skip = at - self.starts[i];
+        let mut left = max;
+        while left > 0 && i < self.pieces.len() {
+            let piece = self.pieces[i];
+            let n = (piece.len - skip).min(left);
+            // SAFETY: as in `rest_at`; the pieces of a slot never overlap (a load's pieces
+            // are checked disjoint at submit), so the slices are disjoint, and `&mut self`
+            // keeps them unique for their lifetime.
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut((piece.addr + skip) as *mut u8, n) };
+            out.push(std::io::IoSliceMut::new(bytes));
+            left -= n;
+            skip = 0;
+            i += 1;
+        }
+        out
+    }
+
     /// Copies `data` into the object at `at`, across pieces; `false` (and nothing
     /// written) if it would run past the end.
     pub(crate) fn write_at(&mut self, at: usize, data: &[u8]) -> bool {

@@ -94,6 +94,28 @@ impl Conn {
         matches!(self, Conn::Tls(_))
     }
 
+    /// Reads into several buffers at once: one readv on plain TCP, so that a block of many
+    /// small ranges costs no more reads than one contiguous block. On TLS, rustls hands out
+    /// about one record per read anyway: the first buffer only.
+    pub(super) async fn read_vectored(
+        &mut self,
+        bufs: &mut [io::IoSliceMut<'_>],
+    ) -> io::Result<usize> {
+        match self {
+            Conn::Plain(tcp) => loop {
+                tcp.readable().await?;
+                match tcp.try_read_vectored(bufs) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    other => return other,
+                }
+            },
+            Conn::Tls(tls) => match bufs.first_mut() {
+                Some(first) => tokio::io::AsyncReadExt::read(tls.as_mut(), first).await,
+                None => Ok(0),
+            },
+        }
+    }
+
     /// Whether nothing at all is left to read on the connection and the peer has not
     /// closed it: the condition for putting it back in the pool, and for taking it out.
     ///

@@ -380,14 +380,22 @@ async fn get_exchange(
             set_receive_low_water(conn, want);
             wake_at = want;
         }
-        // Up to READ_PIECE bytes, within one of the slot's pieces.
-        let piece = dest.rest_at(done, READ_PIECE);
-        let n = conn.read(piece).await?;
+        // Up to READ_PIECE bytes, across the slot's pieces, in one read.
+        let mut slices = dest.slices_at(done, READ_PIECE);
+        let n = conn.read_vectored(&mut slices).await?;
         if n == 0 {
             return Err(eof("body cut short"));
         }
         if crc {
-            sum = integrity::checksum_append(sum, &piece[..n]);
+            let mut left = n;
+            for slice in &slices {
+                let take = slice.len().min(left);
+                sum = integrity::checksum_append(sum, &slice[..take]);
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+            }
         }
         done += n;
     }
