@@ -123,6 +123,8 @@ step hpp-linked-test g++ -std=c++17 "${CFLAGS_COMMON[@]}" -DKVTIER_HPP_TEST_LINK
 step example gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/offload.c" -o "$BUILD/offload" "${LINK[@]}"
 step example-lookups gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/lookups_events.c" \
     -o "$BUILD/lookups_events" "${LINK[@]}"
+step example-layer-first g++ -std=c++17 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/layer_first.cpp" \
+    -o "$BUILD/layer_first" "${LINK[@]}"
 
 if readelf -d "$BUILD/dlopen_test" | grep -q 'libkvtier'; then
     echo "dlopen_test must not link libkvtier:"
@@ -180,6 +182,7 @@ run dlopen-test "$BUILD/dlopen_test" "$LIB"
 run hpp-linked-test "$BUILD/hpp_linked_test"
 run example "$BUILD/offload"
 run example-lookups "$BUILD/lookups_events"
+run example-layer-first "$BUILD/layer_first"
 
 # ---- summary --------------------------------------------------------------------------
 echo
