@@ -164,8 +164,8 @@ struct Holds {
     loads: BTreeMap<usize, (usize, u64)>,
     /// Ranges of stores, which may overlap each other: by (start, job, index), the end.
     stores: BTreeMap<(usize, u64, u32), usize>,
-    /// The longest store range ever held, which bounds how far before a range a store
-    /// range overlapping it can start.
+    /// The longest store range held since no store was held, which bounds how far before
+    /// a range a store range overlapping it can start.
     longest_store: usize,
 }
 
@@ -300,6 +300,10 @@ impl JobTable {
                     self.holds.stores.remove(&(addr, job_id, index));
                 }
             }
+        }
+        if self.holds.stores.is_empty() {
+            // The bound of the overlap search starts again from the next store.
+            self.holds.longest_store = 0;
         }
         for region in hold.regions {
             if let std::collections::hash_map::Entry::Occupied(mut jobs) =
