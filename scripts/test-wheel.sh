@@ -48,7 +48,7 @@ say "wheel $NAME"
     fail "$NAME is not a py3-none-manylinux_X_Y wheel"
 TAG=${BASH_REMATCH[1]}
 GLIBC_FLOOR="${BASH_REMATCH[2]}.${BASH_REMATCH[3]}"
-"$ROOT/tools/packaging-venv/bin/auditwheel" show "$WHEEL" >"$WORK/auditwheel-show.txt" 2>&1 ||
+PATH="$ROOT/tools/packaging-venv/bin:$PATH" "$ROOT/tools/packaging-venv/bin/python" -m auditwheel show "$WHEEL" >"$WORK/auditwheel-show.txt" 2>&1 ||
     fail "auditwheel show failed: $(cat "$WORK/auditwheel-show.txt")"
 grep -q "consistent with the following platform tag: \"$TAG\"" <<<"$(tr '\n' ' ' <"$WORK/auditwheel-show.txt")" ||
     fail "auditwheel does not find $NAME consistent with $TAG: $(cat "$WORK/auditwheel-show.txt")"
