@@ -36,7 +36,12 @@ def wait_results(tier: kvtier.Tier, n: int, timeout: float = 30.0) -> list:
 
 
 def config(store) -> dict:
-    return {"store": dict(store.store_config), "prefix": store.prefix, "key_bytes": 0}
+    """The tier configuration of the session's store: its ``store_config`` is vLLM-shaped
+    (an S3 bucket without a type, scheme defaulting as vLLM's), so the drop-in's own
+    translation makes it a tier configuration (any key length)."""
+    from kvtier.vllm.config import build_tier_config
+
+    return build_tier_config(store.store_config, prefix=store.prefix)
 
 
 class LayerFirstPool:
