@@ -174,6 +174,21 @@ def resolve(tier, key: bytes, req: str, timeout: float = 30.0):
         wait_for_io(tier, LOOKUP_POLL_S)
 
 
+def wait_results(tier, n: int, timeout: float = 15.0) -> list:
+    """Exactly ``n`` results of a ``kvtier.Tier``, sleeping on its event fd (readable while
+    results wait) between polls; fails after ``timeout`` seconds."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        out += tier.poll()
+        if len(out) < n:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"only {len(out)} of {n} results"
+            select.select([tier.event_fd()], [], [], remaining)
+    assert len(out) == n, out
+    return out
+
+
 def collect(tier, job_ids, timeout: float = 30.0) -> dict:
     """Waits for get_finished_jobs to hand back every id in ``job_ids``, each exactly once."""
     wanted = set(job_ids)

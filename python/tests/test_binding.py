@@ -17,7 +17,7 @@ import pytest
 import kvtier
 from kvtier import JobKind, LookupResult, Status, Tier
 
-from conftest import make_key
+from conftest import make_key, wait_results
 
 PYTHON_DIR = Path(kvtier.__file__).resolve().parent.parent
 
@@ -26,17 +26,6 @@ def local(tmp_path, **extra):
     return {"store": {"type": "local", "path": str(tmp_path / "store")}, **extra}
 
 
-def wait_results(tier: Tier, n: int, timeout: float = 15.0) -> list:
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        out += tier.poll()
-        if len(out) < n:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"only {len(out)} of {n} results"
-            select.select([tier.event_fd()], [], [], remaining)  # readable while results wait
-    assert len(out) == n, out
-    return out
 
 
 def test_version_and_status_strings():

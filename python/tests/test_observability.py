@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import select
-import time
 
 import numpy as np
 import pytest
@@ -13,21 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 import kvtier
 from kvtier import Status, Tier, _native
 
-from conftest import make_key
+from conftest import make_key, wait_results
 
 BLOCK = 64 * 1024
 
 
-def wait_results(tier: Tier, n: int, timeout: float = 15.0) -> list:
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        out += tier.poll()
-        if len(out) < n:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"only {len(out)} of {n} results"
-            select.select([tier.event_fd()], [], [], remaining)
-    return out
 
 
 def samples(text: str) -> dict:

@@ -8,31 +8,18 @@ the session; the same bytes stored from a pool block are the same object.
 from __future__ import annotations
 
 import gc
-import select
-import time
 import weakref
 
 import numpy as np
 import pytest
 
 import kvtier
-from conftest import make_key
+from conftest import make_key, wait_results
 
 PIECE = 4096
 PAGES = 6
 
 
-def wait_results(tier: kvtier.Tier, n: int, timeout: float = 30.0) -> list:
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        out += tier.poll()
-        if len(out) < n:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"only {len(out)} of {n} results"
-            select.select([tier.event_fd()], [], [], remaining)
-    assert len(out) == n, out
-    return out
 
 
 def config(store) -> dict:
@@ -84,7 +71,7 @@ def test_pages_of_ranges_round_trip_byte_exact(store, layers, by_pointer):
         pool.register(writer, by_pointer)
         ranges = writer.ranges_of(*pool.pointers(range(PAGES)), ranges_per_key=2 * layers)
         writer.submit_store_ranges(1, keys, ranges)
-        (stored,) = wait_results(writer, 1)
+        (stored,) = wait_results(writer, 1, timeout=30.0)
         assert stored.ok, stored.message
         assert stored.bytes == PAGES * 2 * layers * PIECE
     into = LayerFirstPool(layers, seed=None)
@@ -93,7 +80,7 @@ def test_pages_of_ranges_round_trip_byte_exact(store, layers, by_pointer):
         # Page p's key loads into page PAGES-1-p, as a numpy array of ranges.
         ranges = np.array(reader.ranges_of(*into.pointers(reversed(range(PAGES))), ranges_per_key=2 * layers))
         reader.submit_load_ranges(2, keys, ranges)
-        (loaded,) = wait_results(reader, 1)
+        (loaded,) = wait_results(reader, 1, timeout=30.0)
         assert loaded.ok, loaded.message
     for p in range(PAGES):
         assert into.page(PAGES - 1 - p) == pool.page(p), f"page {p}"
@@ -110,11 +97,11 @@ def test_a_page_from_ranges_is_the_object_of_a_pool_block(store):
         pages.register(tier, by_pointer=False)
         tier.submit_store_ranges(1, [key_from_ranges], tier.ranges_of(*pages.pointers([1]), ranges_per_key=4))
         tier.submit_store(2, [0], [key_from_block])
-        assert all(r.ok for r in wait_results(tier, 2))
+        assert all(r.ok for r in wait_results(tier, 2, timeout=30.0))
         # Each loads the other way, its checksum verified.
         tier.submit_load(3, [1], [key_from_ranges])
         tier.submit_load_ranges(4, [key_from_block], tier.ranges_of(*pages.pointers([4]), ranges_per_key=4))
-        results = {r.job_id: r for r in wait_results(tier, 2)}
+        results = {r.job_id: r for r in wait_results(tier, 2, timeout=30.0)}
         assert results[3].ok and results[4].ok, results
         assert bytes(pool[1]) == pages.page(1) == pages.page(4)
         assert tier.stats()["corrupt_blocks"] == 0
@@ -136,7 +123,7 @@ def test_a_region_is_kept_alive_until_removed_and_refused_while_held(tmp_path):
         tier.drain(30_000)
         with pytest.raises(kvtier.BlockBusyError):
             tier.remove_region(region)  # its job's result is not polled yet
-        (result,) = wait_results(tier, 1)
+        (result,) = wait_results(tier, 1, timeout=30.0)
         assert result.ok
         tier.remove_region(region)
         gc.collect()
@@ -155,7 +142,7 @@ def test_bad_ranges_are_refused_with_one_result(tmp_path):
         ):
             with pytest.raises(kvtier.InvalidArgumentError):
                 tier.submit_load_ranges(job, [key], ranges)
-            (result,) = wait_results(tier, 1)
+            (result,) = wait_results(tier, 1, timeout=30.0)
             assert result.job_id == job and result.status == kvtier.Status.INVALID_ARGUMENT
         with pytest.raises(ValueError):
             tier.ranges_of([12345], [16], ranges_per_key=1)  # in no region
