@@ -1679,6 +1679,8 @@ static void test_after_shutdown(void)
         CHECK(verdict == KVT_LOOKUP_RESULT_HIT);
         CHECK_STATUS(kvt_tier_schedule_end(f.tier), KVT_STATUS_SHUT_DOWN);
         CHECK_STATUS(kvt_tier_request_finished(f.tier, 1), KVT_STATUS_SHUT_DOWN);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN, 1, 1000, &verdict), KVT_STATUS_SHUT_DOWN);
+        CHECK(verdict == KVT_LOOKUP_RESULT_HIT);
         CHECK_STATUS(kvt_tier_stats(f.tier, &stats, sizeof stats), KVT_STATUS_OK);
         CHECK_STATUS(kvt_tier_take_events(f.tier, events, 2, &ne), KVT_STATUS_OK);
         CHECK(ne == 0);
@@ -2337,6 +2339,27 @@ static void test_lookups_and_events(void)
     CHECKF(miss == KVT_LOOKUP_RESULT_MISS, "absent key: %d", (int)miss);
     CHECK_STATUS(kvt_tier_request_finished(f.tier, 7), KVT_STATUS_OK);
     CHECK_STATUS(kvt_tier_request_finished(f.tier, 12345), KVT_STATUS_OK); /* unknown: ignored */
+
+    /* The blocking check: verdicts in key order, nothing written on error. */
+    {
+        kvt_lookup_result now[3] = {KVT_LOOKUP_RESULT_RETRY, KVT_LOOKUP_RESULT_RETRY, KVT_LOOKUP_RESULT_RETRY};
+        kvt_lookup_result untouched[2] = {KVT_LOOKUP_RESULT_HIT, KVT_LOOKUP_RESULT_HIT};
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN, 3, (uint64_t)scaled_ms(10000), now), KVT_STATUS_OK);
+        CHECKF(now[0] == KVT_LOOKUP_RESULT_HIT && now[1] == KVT_LOOKUP_RESULT_HIT && now[2] == KVT_LOOKUP_RESULT_MISS,
+               "check_now verdicts %d %d %d, want HIT HIT MISS", (int)now[0], (int)now[1], (int)now[2]);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, NULL, KEY_LEN, 2, 1000, untouched), KVT_STATUS_NULL_ARGUMENT);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN, 2, 1000, NULL), KVT_STATUS_NULL_ARGUMENT);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN - 1, 2, 1000, untouched), KVT_STATUS_INVALID_ARGUMENT);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, 0, 2, 1000, untouched), KVT_STATUS_INVALID_ARGUMENT);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, SIZE_MAX, 2, 1000, untouched), KVT_STATUS_INVALID_ARGUMENT);
+        /* Huge counts are refused before `keys` is read (it holds three keys). */
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN, KVT_MAX_KEYS_PER_JOB + 1, 1000, untouched),
+                     KVT_STATUS_INVALID_ARGUMENT);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN, SIZE_MAX, 1000, untouched), KVT_STATUS_INVALID_ARGUMENT);
+        CHECK(untouched[0] == KVT_LOOKUP_RESULT_HIT && untouched[1] == KVT_LOOKUP_RESULT_HIT);
+        CHECK_STATUS(kvt_tier_check_now(f.tier, NULL, KEY_LEN, 0, 1000, NULL), KVT_STATUS_OK);
+        CHECK_STATUS(kvt_tier_check_now(NULL, keys, KEY_LEN, 1, 1000, now), KVT_STATUS_NULL_ARGUMENT);
+    }
 out:
     free(keys);
     fixture_close(&f);
@@ -2834,6 +2857,7 @@ static int forked_child(const fixture *f, const uint8_t *keys)
     CHILD_EXPECT(kvt_tier_lookup(f->tier, 1, keys, KEY_LEN, &verdict), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_schedule_end(f->tier), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_request_finished(f->tier, 1), KVT_STATUS_FORKED);
+    CHILD_EXPECT(kvt_tier_check_now(f->tier, keys, KEY_LEN, 1, 1000, &verdict), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_stats(f->tier, &stats, sizeof stats), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_take_events(f->tier, NULL, 0, &n), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_register_memory(f->tier, pool, 1, sizeof pool), KVT_STATUS_FORKED);

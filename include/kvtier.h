@@ -601,6 +601,33 @@ enum kvt_status kvt_tier_schedule_end(struct kvt_tier *tier);
 // Unknown ids are ignored. Never blocks. Thread-safe.
 enum kvt_status kvt_tier_request_finished(struct kvt_tier *tier, uint64_t req_id);
 
+// Checks `num_keys` keys (`key_len` bytes each, back to back in `keys`) in the store now
+// and writes one verdict per key to `out_results[0..num_keys]`: KVT_LOOKUP_RESULT_HIT or
+// _MISS as the store answered, _RETRY where the check failed or had not answered within
+// `timeout_ms` (the late answer is dropped; nothing is written after the call returns).
+//
+// Unlike `kvt_tier_lookup`, this blocks: for engines whose existence call must answer
+// before it returns (SGLang's `batch_exists`). The keys are checked all at once on the
+// lookup lane (up to `max_inflight_lookups` in flight), so a batch takes about one
+// round trip; the calling thread only waits. It shares no state with the per-request
+// lookups; its answers renew or drop the tier's hints as theirs do. `keys` is borrowed
+// for the call.
+//
+// `num_keys == 0` is OK (nothing is read or written). NULL `tier`, or NULL `keys` or
+// `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
+// (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and `keys` is not read; after
+// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN; called on
+// one of the tier's own threads (a log callback), KVT_STATUS_INVALID_ARGUMENT. On any
+// error `out_results` is not written. Thread-safe; must not run concurrently with
+// `kvt_tier_shutdown` or `kvt_tier_free` of the same tier.
+enum kvt_status kvt_tier_check_now(struct kvt_tier *tier,
+                                   const uint8_t *keys,
+                                   size_t key_len,
+                                   size_t num_keys,
+                                   uint64_t timeout_ms,
+                                   enum kvt_lookup_result *out_results);
+
 // Takes up to `capacity` BlockStored events into `out_events`, oldest first, and writes
 // their number to `*out_count`; the rest wait for the next call.
 //

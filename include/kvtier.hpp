@@ -25,8 +25,8 @@
 // Threading follows kvtier.h: submit_*, event_fd, jobs_in_flight and drain may run
 // concurrently with each other and with poll; poll must not run concurrently with itself;
 // shutdown, destruction and move-assignment must not run concurrently with anything on
-// the same Tier. lookup, schedule_end, request_finished, stats, metrics, location and
-// evict_now are thread-safe; take_events/take_kv_events must not run concurrently with
+// the same Tier. lookup, schedule_end, request_finished, check_now, stats, metrics, location
+// and evict_now are thread-safe; take_events/take_kv_events must not run concurrently with
 // themselves (each call releases the previous call's key buffers; the wrapper copies them).
 //
 // Ownership and lifetime. A Tier owns its kvt_tier and frees it exactly once (destructor
@@ -37,7 +37,7 @@
 // After shutdown(): poll, take_events, take_kv_events, stats, metrics, event_fd,
 // jobs_in_flight, location, remove_region, shutdown and destruction work as before; submits throw
 // KVT_STATUS_SHUT_DOWN (and still yield their result); register_memory, add_region, drain, lookup,
-// schedule_end and request_finished throw KVT_STATUS_SHUT_DOWN. After an Error with
+// schedule_end, request_finished and check_now throw KVT_STATUS_SHUT_DOWN. After an Error with
 // KVT_STATUS_PANIC the tier refuses further work: shut it down and destroy it.
 //
 // After fork(): a Tier belongs to the process that created it. In a child every call on
@@ -141,6 +141,7 @@ struct Api {
     decltype(&::kvt_tier_lookup) tier_lookup = nullptr;
     decltype(&::kvt_tier_schedule_end) tier_schedule_end = nullptr;
     decltype(&::kvt_tier_request_finished) tier_request_finished = nullptr;
+    decltype(&::kvt_tier_check_now) tier_check_now = nullptr;
     decltype(&::kvt_tier_take_events) tier_take_events = nullptr;
     decltype(&::kvt_tier_take_kv_events) tier_take_kv_events = nullptr;
     decltype(&::kvt_tier_evict_now) tier_evict_now = nullptr;
@@ -161,7 +162,7 @@ struct Api {
         return version && status_str && tier_new && tier_register_memory && tier_submit_store &&
                tier_submit_load && tier_poll && tier_event_fd && tier_jobs_in_flight && tier_drain &&
                tier_shutdown && tier_free && last_error && config_schema && stats_fields && config_check &&
-               tier_location && tier_lookup && tier_schedule_end && tier_request_finished && tier_take_events &&
+               tier_location && tier_lookup && tier_schedule_end && tier_request_finished && tier_check_now && tier_take_events &&
                tier_take_kv_events && tier_evict_now && tier_stats && tier_metrics && set_log_callback &&
                vllm_namespace && tier_add_region && tier_remove_region && tier_submit_store_ranges &&
                tier_submit_load_ranges;
@@ -193,6 +194,7 @@ struct Api {
             a.tier_lookup = &::kvt_tier_lookup;
             a.tier_schedule_end = &::kvt_tier_schedule_end;
             a.tier_request_finished = &::kvt_tier_request_finished;
+            a.tier_check_now = &::kvt_tier_check_now;
             a.tier_take_events = &::kvt_tier_take_events;
             a.tier_take_kv_events = &::kvt_tier_take_kv_events;
             a.tier_evict_now = &::kvt_tier_evict_now;
@@ -255,6 +257,7 @@ struct Api {
         resolve(handle, "kvt_tier_lookup", a.tier_lookup);
         resolve(handle, "kvt_tier_schedule_end", a.tier_schedule_end);
         resolve(handle, "kvt_tier_request_finished", a.tier_request_finished);
+        resolve(handle, "kvt_tier_check_now", a.tier_check_now);
         resolve(handle, "kvt_tier_take_events", a.tier_take_events);
         resolve(handle, "kvt_tier_take_kv_events", a.tier_take_kv_events);
         resolve(handle, "kvt_tier_evict_now", a.tier_evict_now);
@@ -613,6 +616,26 @@ public:
     void request_finished(std::uint64_t req_id)
     {
         check(api_, api_.tier_request_finished(tier_, req_id), "kvt_tier_request_finished");
+    }
+
+    // Checks keys.size() / key_len keys (back to back in `keys`, borrowed for the call) in
+    // the store now, blocking until all have answered or `timeout` has passed: one
+    // verdict per key, HIT or MISS as the store answered, RETRY where a check failed or
+    // was late (kvt_tier_check_now). For engines whose existence call is synchronous.
+    // Thread-safe. Throws Error (KVT_STATUS_INVALID_ARGUMENT for a key buffer that is not
+    // a whole number of keys, or a wrong key length; KVT_STATUS_SHUT_DOWN after shutdown).
+    std::vector<kvt_lookup_result> check_now(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES,
+                                             std::chrono::milliseconds timeout = std::chrono::seconds(10))
+    {
+        if (key_len == 0 || keys.size() % key_len != 0) {
+            throw Error(KVT_STATUS_INVALID_ARGUMENT,
+                        "kvt_tier_check_now: the key buffer is not a whole number of key_len-byte keys", false);
+        }
+        std::vector<kvt_lookup_result> out(keys.size() / key_len, KVT_LOOKUP_RESULT_RETRY);
+        auto ms = timeout.count() < 0 ? 0 : static_cast<std::uint64_t>(timeout.count());
+        check(api_, api_.tier_check_now(tier_, keys.data(), key_len, out.size(), ms, out.data()),
+              "kvt_tier_check_now");
+        return out;
     }
 
     // ---- Events (needs `enable_kv_events` in the configuration).

@@ -147,6 +147,86 @@ fn lookup_rejects_bad_keys_and_calls_after_shutdown() {
     );
 }
 
+/// The blocking check answers every key in order, as the store has it, and refuses what
+/// a lookup refuses.
+#[test]
+fn check_now_answers_each_key_in_order() {
+    let (tier, _mem) = tier("");
+    assert!(run(&tier, JobKind::Store, 1, &[0, 1], &[0, 2]).succeeded());
+    let asked: Vec<Vec<u8>> = (0..4).map(key).collect();
+    let before = tier.stats().existence_checks;
+    assert_eq!(
+        tier.check_now(&asked, Duration::from_secs(30)).unwrap(),
+        [
+            LookupResult::Hit,
+            LookupResult::Miss,
+            LookupResult::Hit,
+            LookupResult::Miss
+        ]
+    );
+    assert_eq!(tier.stats().existence_checks, before + 4);
+    // It shares nothing with the per-request lookups.
+    assert_eq!(tier.tracked_lookup_keys(), 0);
+    assert!(tier
+        .check_now(&[] as &[Vec<u8>], Duration::ZERO)
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        tier.check_now(&[vec![1u8, 2, 3]], Duration::from_secs(1))
+            .unwrap_err()
+            .status,
+        Status::InvalidArgument
+    );
+    tier.shutdown();
+    assert_eq!(
+        tier.check_now(&asked, Duration::from_secs(1))
+            .unwrap_err()
+            .status,
+        Status::ShutDown
+    );
+}
+
+/// On the local store (checked in shares, one per worker) a key whose check fails answers
+/// RETRY alone; every other key answers as the store has it.
+#[test]
+fn check_now_on_a_local_store_fails_only_the_failed_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"{{"store":{{"type":"local","path":{:?}}},"runtime_threads":2}}"#,
+        dir.path()
+    );
+    let tier = Tier::from_json(&config).unwrap();
+    let mut mem = vec![7u8; 16 * BLOCK];
+    unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
+    let stored: Vec<u64> = (0..200).filter(|i| i % 3 == 0).collect();
+    for (job, keys) in stored.chunks(16).enumerate() {
+        let blocks: Vec<u64> = (0..keys.len() as u64).collect();
+        assert!(run(&tier, JobKind::Store, job as u64 + 1, &blocks, keys).succeeded());
+    }
+    let mut hash = [0x5au8; 32];
+    hash[0] = 0xff;
+    let damaged = make_key(&hash, 0);
+    let name = tier.layout().object_name(&damaged).unwrap();
+    let shard = name.rsplitn(3, '/').nth(2).unwrap();
+    std::fs::create_dir_all(dir.path().join(shard).parent().unwrap()).unwrap();
+    std::fs::write(dir.path().join(shard), b"not a directory").unwrap();
+
+    let mut asked: Vec<Vec<u8>> = (0..200).map(key).collect();
+    asked.insert(120, damaged);
+    let verdicts = tier.check_now(&asked, Duration::from_secs(30)).unwrap();
+    assert_eq!(verdicts.len(), 201);
+    assert_eq!(verdicts[120], LookupResult::Retry, "the damaged key");
+    for (i, verdict) in verdicts.iter().enumerate().filter(|(i, _)| *i != 120) {
+        let id = if i < 120 { i } else { i - 1 } as u64;
+        let want = if id % 3 == 0 {
+            LookupResult::Hit
+        } else {
+            LookupResult::Miss
+        };
+        assert_eq!(*verdict, want, "key {id}");
+    }
+}
+
 /// The local store checks a batch in shares, one per I/O worker; a group (one request's
 /// keys) still fails as a whole when one of its keys fails in another share, and every
 /// other verdict is the store's.

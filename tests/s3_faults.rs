@@ -13,7 +13,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kvtier::{JobKind, JobResult, Status, Tier};
+use kvtier::{JobKind, JobResult, LookupResult, Status, Tier};
 use serde_json::json;
 use support::proxy::{Fault, Proxy, RequestInfo};
 use support::*;
@@ -285,6 +285,38 @@ fn slow_server_times_out_without_hanging(srv: &Server) {
     let r = wait_all(&tier, 1).remove(&4).unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.message);
     assert_loaded_bytes(&pool, &r, &[6, 7], &[0, 1]);
+}
+
+/// The blocking existence check answers RETRY for what the server has not answered by its
+/// timeout, returns at that timeout (not the server's pace), and answers again once the
+/// server is fast.
+fn check_now_gives_up_at_its_timeout(srv: &Server) {
+    let rig = Front::new(srv);
+    let tier = rig.tier(json!({}), json!({}));
+    let mut pool = Pool::new(4, BLOCK);
+    pool.fill_random(5);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0], keys(&[0])).unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    let asked = [key(0), key(1)];
+    assert_eq!(
+        tier.check_now(&asked, Duration::from_secs(30)).unwrap(),
+        [LookupResult::Hit, LookupResult::Miss]
+    );
+
+    rig.proxy.set_rule(|_| Fault::Delay(Duration::from_secs(20)));
+    let started = Instant::now();
+    let late = tier.check_now(&asked, Duration::from_millis(300)).unwrap();
+    let waited = started.elapsed();
+    assert_eq!(late, [LookupResult::Retry, LookupResult::Retry]);
+    assert!(waited >= Duration::from_millis(300), "returned after {waited:?}");
+    assert!(waited < Duration::from_secs(15), "waited for the server: {waited:?}");
+
+    rig.proxy.set_rule(|_| Fault::Pass);
+    assert_eq!(
+        tier.check_now(&asked, Duration::from_secs(30)).unwrap(),
+        [LookupResult::Hit, LookupResult::Miss]
+    );
 }
 
 #[test]
@@ -689,6 +721,7 @@ on_both_servers!(
     connection_resets_and_cut_bodies_are_retried,
     truncated_bodies_fail_their_key_and_never_succeed,
     slow_server_times_out_without_hanging,
+    check_now_gives_up_at_its_timeout,
     direct_requests_fall_back_to_the_general_client,
     interrupted_puts_are_retried_in_every_dedup_mode,
     in_transit_corruption_never_deletes,

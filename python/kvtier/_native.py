@@ -173,6 +173,10 @@ _PROTOTYPES = {
     ),
     "kvt_tier_schedule_end": (c_status, [tier_p]),
     "kvt_tier_request_finished": (c_status, [tier_p, ctypes.c_uint64]),
+    "kvt_tier_check_now": (
+        c_status,
+        [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)],
+    ),
     "kvt_tier_take_events": (
         c_status,
         [tier_p, ctypes.POINTER(KvtEvent), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],

@@ -678,6 +678,21 @@ class Tier:
             status = _lib().kvt_tier_request_finished(ptr, req_id)
         _check(status)
 
+    def check_now(self, keys: Sequence, timeout: float = 10.0) -> list[LookupResult]:
+        """Checks ``keys`` in the store now, all at once, and blocks (without the GIL)
+        until every check has answered or ``timeout`` seconds have passed: one verdict per
+        key, HIT or MISS as the store answered, RETRY where a check failed or was late.
+        For engines whose existence call is synchronous (SGLang's ``batch_exists``)."""
+        buf, key_len, num_keys = _key_buffer(keys)
+        if not num_keys:
+            return []
+        out = (ctypes.c_int * num_keys)()
+        timeout_ms = max(0, int(timeout * 1000))
+        with self._h as ptr:
+            status = _lib().kvt_tier_check_now(ptr, buf, key_len, num_keys, timeout_ms, out)
+        _check(status)
+        return [_LOOKUP_RESULTS.get(v) or LookupResult(v) for v in out]
+
     # -- events and stats ------------------------------------------------------------
 
     def take_events(self) -> list[Event]:

@@ -201,12 +201,26 @@ pub(crate) fn start_checks(shared: &Arc<super::Shared>, groups: Vec<ProbeGroup>,
         .iter()
         .flat_map(|g| g.probes.iter().map(|p| p.key.clone()))
         .collect();
+    let answers_of = shared.clone();
+    spawn_checks(shared, keys, lane, move |verdicts| {
+        let _ = answers_of
+            .answers_tx
+            .send(answers(&answers_of, groups, verdicts));
+    });
+}
+
+/// Checks `keys` on `lane`, all at once (up to `max_inflight_lookups` over the network),
+/// and hands their verdicts, in order, to `done` when all are in. Called outside the
+/// runtime (`schedule_end`, `check_now`).
+pub(crate) fn spawn_checks(
+    shared: &Arc<super::Shared>,
+    keys: Vec<SharedKey>,
+    lane: &Handle,
+    done: impl FnOnce(Vec<Verdict>) + Send + 'static,
+) {
     let shared = shared.clone();
     if shared.lookup_store.checks_in_place().is_none() {
-        lane.spawn(async move {
-            let verdicts = check_remote(&shared, &keys).await;
-            let _ = shared.answers_tx.send(answers(&shared, groups, verdicts));
-        });
+        lane.spawn(async move { done(check_remote(&shared, &keys).await) });
         return;
     }
     // Spawned here, outside the runtime, each share goes to the runtime's shared queue,
@@ -218,12 +232,29 @@ pub(crate) fn start_checks(shared: &Arc<super::Shared>, groups: Vec<ProbeGroup>,
         for (share, len) in shares {
             match share.await {
                 Ok(share) => verdicts.extend(share),
-                // The runtime is shutting down: the share's keys fail, so their groups MISS.
+                // The runtime is shutting down: the share's keys fail.
                 Err(_) => verdicts.extend(std::iter::repeat_n(Err(()), len)),
             }
         }
-        let _ = shared.answers_tx.send(answers(&shared, groups, verdicts));
+        done(verdicts)
     });
+}
+
+/// What the store answered replaces what the tier remembered: a HIT renews the key's
+/// hint, a MISS forgets it (deleted behind the tier's back), a failed check neither.
+pub(crate) fn learn<'a>(
+    shared: &super::Shared,
+    checked: impl Iterator<Item = (&'a [u8], &'a Verdict)> + Clone,
+) {
+    shared.dedup.remember_all(
+        checked
+            .clone()
+            .filter(|(_, v)| **v == Ok(true))
+            .map(|(k, _)| k),
+    );
+    shared
+        .dedup
+        .forget_all(checked.filter(|(_, v)| **v == Ok(false)).map(|(k, _)| k));
 }
 
 /// The groups' answers from their keys' verdicts, in order.
@@ -233,18 +264,10 @@ fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdic
     for group in groups {
         let checks: Vec<Verdict> = verdicts.by_ref().take(group.probes.len()).collect();
         let group_failed = checks.len() < group.probes.len() || checks.iter().any(|c| c.is_err());
-        // What the store answered replaces what the tier remembered: a HIT renews the key's
-        // hint, a MISS forgets it (deleted behind the tier's back), a failed check neither.
-        let verdict_of = |want: bool| {
-            group
-                .probes
-                .iter()
-                .zip(&checks)
-                .filter(move |(_, found)| **found == Ok(want))
-                .map(|(probe, _)| &*probe.key)
-        };
-        shared.dedup.remember_all(verdict_of(true));
-        shared.dedup.forget_all(verdict_of(false));
+        learn(
+            shared,
+            group.probes.iter().map(|p| &*p.key).zip(checks.iter()),
+        );
         let mut checks = checks.into_iter();
         answers.extend(group.probes.into_iter().map(|probe| Answer {
             found: !group_failed && checks.next() == Some(Ok(true)),
@@ -256,7 +279,7 @@ fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdic
 }
 
 /// One key's check: found or not, or failed (logged where it failed).
-type Verdict = std::result::Result<bool, ()>;
+pub(crate) type Verdict = std::result::Result<bool, ()>;
 
 /// The checks of a store asked over the network: every key's request in flight at once, up
 /// to `max_inflight_lookups`.

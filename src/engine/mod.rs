@@ -711,6 +711,83 @@ impl Tier {
         }
     }
 
+    /// Checks `keys` in the store now, all at once on the lookup lane, and blocks until
+    /// every check has answered or `timeout` has passed: one verdict per key, in order,
+    /// `Hit` or `Miss` as the store answered, `Retry` where the check failed or had not
+    /// answered in time. For engines whose existence call is synchronous (SGLang's
+    /// `batch_exists`); it shares nothing with the per-request lookups. Must not be
+    /// called from the tier's own threads.
+    pub fn check_now<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+    ) -> Result<Vec<LookupResult>> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "check_now after shutdown"));
+        }
+        if is_tier_thread(&std::thread::current()) {
+            return Err(Error::invalid(
+                "check_now blocks, so it must not be called from one of the tier's threads",
+            ));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a check has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
+        }
+        let mut shared_keys = Vec::with_capacity(keys.len());
+        for key in keys {
+            self.check_key(key.as_ref())?;
+            shared_keys.push(lookup::SharedKey::from(key.as_ref()));
+        }
+        if shared_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let learned = self.shared.clone();
+        let done = move |keys: Vec<lookup::SharedKey>, verdicts: Vec<lookup::Verdict>| {
+            lookup::learn(&learned, keys.iter().map(|k| &**k).zip(verdicts.iter()));
+            // The caller may have stopped waiting (timed out): then nobody receives.
+            let _ = tx.try_send(verdicts);
+        };
+        let checked = shared_keys.clone();
+        let started = {
+            let lane = self
+                .lookup_runtime
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            let spawn = |rt: &Runtime| {
+                lookup::spawn_checks(&self.shared, shared_keys, rt.handle(), move |v| {
+                    done(checked, v)
+                })
+            };
+            match lane.as_ref() {
+                Some(rt) => Some(spawn(rt)),
+                None => self.with_runtime(spawn),
+            }
+        };
+        if started.is_none() {
+            return Err(Error::new(Status::ShutDown, "check_now after shutdown"));
+        }
+        let to_result = |v: &lookup::Verdict| match v {
+            Ok(true) => LookupResult::Hit,
+            Ok(false) => LookupResult::Miss,
+            Err(()) => LookupResult::Retry,
+        };
+        match rx.recv_timeout(timeout) {
+            Ok(verdicts) => Ok(verdicts.iter().map(to_result).collect()),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                Ok(vec![LookupResult::Retry; keys.len()])
+            }
+            // The runtime was dropped with the checks (a shutdown on another thread).
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::new(
+                Status::ShutDown,
+                "the tier shut down during the check",
+            )),
+        }
+    }
+
     /// The request will not look anything up again; verdicts only it held are dropped.
     pub fn request_finished(&self, request: u64) {
         let mut lookups = self.lookups();

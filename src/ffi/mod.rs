@@ -957,6 +957,75 @@ pub unsafe extern "C" fn kvt_tier_request_finished(tier: *mut kvt_tier, req_id: 
     }
 }
 
+/// Checks `num_keys` keys (`key_len` bytes each, back to back in `keys`) in the store now
+/// and writes one verdict per key to `out_results[0..num_keys]`: KVT_LOOKUP_RESULT_HIT or
+/// _MISS as the store answered, _RETRY where the check failed or had not answered within
+/// `timeout_ms` (the late answer is dropped; nothing is written after the call returns).
+///
+/// Unlike `kvt_tier_lookup`, this blocks: for engines whose existence call must answer
+/// before it returns (SGLang's `batch_exists`). The keys are checked all at once on the
+/// lookup lane (up to `max_inflight_lookups` in flight), so a batch takes about one
+/// round trip; the calling thread only waits. It shares no state with the per-request
+/// lookups; its answers renew or drop the tier's hints as theirs do. `keys` is borrowed
+/// for the call.
+///
+/// `num_keys == 0` is OK (nothing is read or written). NULL `tier`, or NULL `keys` or
+/// `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
+/// (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+/// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and `keys` is not read; after
+/// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN; called on
+/// one of the tier's own threads (a log callback), KVT_STATUS_INVALID_ARGUMENT. On any
+/// error `out_results` is not written. Thread-safe; must not run concurrently with
+/// `kvt_tier_shutdown` or `kvt_tier_free` of the same tier.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_check_now(
+    tier: *mut kvt_tier,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+    timeout_ms: u64,
+    out_results: *mut kvt_lookup_result,
+) -> Status {
+    let body = |handle: &kvt_tier| {
+        if num_keys == 0 {
+            return Ok(());
+        }
+        if keys.is_null() || out_results.is_null() {
+            return Err(Error::new(
+                Status::NullArgument,
+                if keys.is_null() {
+                    format!("keys is NULL with num_keys = {num_keys}")
+                } else {
+                    format!("out_results is NULL with num_keys = {num_keys}")
+                },
+            ));
+        }
+        crate::key::check_key_len(key_len)?;
+        if num_keys > crate::engine::MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "num_keys is {num_keys}; a check has at most {} keys",
+                crate::engine::MAX_KEYS_PER_JOB
+            )));
+        }
+        // SAFETY: non-NULL (checked above) and `key_len * num_keys` readable bytes by the
+        // header's contract; both are bounded (checked above), so the product fits.
+        let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
+        let keys: Vec<&[u8]> = bytes.chunks_exact(key_len).collect();
+        let verdicts = handle
+            .tier
+            .check_now(&keys, Duration::from_millis(timeout_ms))?;
+        // SAFETY: non-NULL (checked above) and `num_keys` writable results by the header's
+        // contract; `verdicts` has one per key.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_results, num_keys) };
+        for (slot, verdict) in out.iter_mut().zip(verdicts) {
+            *slot = verdict.into();
+        }
+        Ok(())
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_check_now", tier, Access::Work, body) }
+}
+
 /// Takes up to `capacity` BlockStored events into `out_events`, oldest first, and writes
 /// their number to `*out_count`; the rest wait for the next call.
 ///
