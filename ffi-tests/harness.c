@@ -2365,6 +2365,59 @@ out:
     fixture_close(&f);
 }
 
+/* kvt_tier_clear deletes every block of the namespace (and nothing else under it), each
+ * a BlockRemoved event; it refuses NULL and calls after shutdown, zeroing the report. */
+static void test_clear(void)
+{
+    fixture f;
+    uint8_t *keys = make_keys(3);
+    uint64_t ids[3] = {0, 1, 2}, id = 1;
+    kvt_eviction_report report;
+    kvt_lookup_result now[3];
+    kvt_kv_event events[8];
+    size_t n = 0, i, removed = 0;
+    char other[1200];
+    FILE *fp;
+
+    if (!fixture_open(&f, "local", 3, 4096, ",\"enable_kv_events\":true,\"prefix\":\"p\"")) {
+        goto out;
+    }
+    CHECK_STATUS(kvt_tier_submit_store(f.tier, id, ids, keys, KEY_LEN, 3), KVT_STATUS_OK);
+    wait_ok(&f, &id, 1, scaled_ms(5000));
+    /* Not a block: clear leaves it alone. */
+    snprintf(other, sizeof other, "%s/store/p/notes.txt", f.dir);
+    fp = fopen(other, "w");
+    if (CHECK(fp != NULL)) {
+        fputs("not a block", fp);
+        fclose(fp);
+    }
+    CHECK_STATUS(kvt_tier_clear(f.tier, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_clear(NULL, &report), KVT_STATUS_NULL_ARGUMENT);
+    memset(&report, 0xff, sizeof report);
+    CHECK_STATUS(kvt_tier_clear(f.tier, &report), KVT_STATUS_OK);
+    CHECKF(report.objects == 3 && report.deleted == 3 && report.deleted_bytes == 3 * 4096,
+           "report: %llu objects, %llu deleted, %llu bytes", (unsigned long long)report.objects,
+           (unsigned long long)report.deleted, (unsigned long long)report.deleted_bytes);
+    CHECK(access(other, F_OK) == 0);
+    CHECK_STATUS(kvt_tier_check_now(f.tier, keys, KEY_LEN, 3, (uint64_t)scaled_ms(10000), now), KVT_STATUS_OK);
+    CHECK(now[0] == KVT_LOOKUP_RESULT_MISS && now[1] == KVT_LOOKUP_RESULT_MISS && now[2] == KVT_LOOKUP_RESULT_MISS);
+    CHECK_STATUS(kvt_tier_take_kv_events(f.tier, events, 8, &n), KVT_STATUS_OK);
+    for (i = 0; i < n; i++) {
+        removed += events[i].removed ? events[i].event.num_keys : 0;
+    }
+    CHECKF(removed == 3, "%zu keys removed in %zu events", removed, n);
+    /* Again: nothing left to delete. */
+    CHECK_STATUS(kvt_tier_clear(f.tier, &report), KVT_STATUS_OK);
+    CHECK(report.objects == 0 && report.deleted == 0);
+    CHECK_STATUS(kvt_tier_shutdown(f.tier), KVT_STATUS_OK);
+    memset(&report, 0xff, sizeof report);
+    CHECK_STATUS(kvt_tier_clear(f.tier, &report), KVT_STATUS_SHUT_DOWN);
+    CHECK(report.objects == 0 && report.deleted == 0 && report.bytes == 0 && report.deleted_bytes == 0);
+out:
+    free(keys);
+    fixture_close(&f);
+}
+
 /* After kvt_tier_shutdown returns, the library does not touch the pool: it is made
  * inaccessible (any access would fault) while the results, events and counters are
  * collected; after kvt_tier_free, while another tier runs. */
@@ -2858,6 +2911,10 @@ static int forked_child(const fixture *f, const uint8_t *keys)
     CHILD_EXPECT(kvt_tier_schedule_end(f->tier), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_request_finished(f->tier, 1), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_check_now(f->tier, keys, KEY_LEN, 1, 1000, &verdict), KVT_STATUS_FORKED);
+    {
+        kvt_eviction_report report;
+        CHILD_EXPECT(kvt_tier_clear(f->tier, &report), KVT_STATUS_FORKED);
+    }
     CHILD_EXPECT(kvt_tier_stats(f->tier, &stats, sizeof stats), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_take_events(f->tier, NULL, 0, &n), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_register_memory(f->tier, pool, 1, sizeof pool), KVT_STATUS_FORKED);
@@ -3185,6 +3242,7 @@ static const test_case k_cases[] = {
     {"metrics", test_metrics},
     {"log_callback", test_log_callback},
     {"lookups_and_events", test_lookups_and_events},
+    {"clear", test_clear},
     {"pool_fenced", test_pool_fenced},
     {"random_sequences", test_random_sequences},
 };

@@ -25,8 +25,8 @@
 // Threading follows kvtier.h: submit_*, event_fd, jobs_in_flight and drain may run
 // concurrently with each other and with poll; poll must not run concurrently with itself;
 // shutdown, destruction and move-assignment must not run concurrently with anything on
-// the same Tier. lookup, schedule_end, request_finished, check_now, stats, metrics, location
-// and evict_now are thread-safe; take_events/take_kv_events must not run concurrently with
+// the same Tier. lookup, schedule_end, request_finished, check_now, stats, metrics, location,
+// evict_now and clear are thread-safe; take_events/take_kv_events must not run concurrently with
 // themselves (each call releases the previous call's key buffers; the wrapper copies them).
 //
 // Ownership and lifetime. A Tier owns its kvt_tier and frees it exactly once (destructor
@@ -37,7 +37,7 @@
 // After shutdown(): poll, take_events, take_kv_events, stats, metrics, event_fd,
 // jobs_in_flight, location, remove_region, shutdown and destruction work as before; submits throw
 // KVT_STATUS_SHUT_DOWN (and still yield their result); register_memory, add_region, drain, lookup,
-// schedule_end, request_finished and check_now throw KVT_STATUS_SHUT_DOWN. After an Error with
+// schedule_end, request_finished, check_now, evict_now and clear throw KVT_STATUS_SHUT_DOWN. After an Error with
 // KVT_STATUS_PANIC the tier refuses further work: shut it down and destroy it.
 //
 // After fork(): a Tier belongs to the process that created it. In a child every call on
@@ -145,6 +145,7 @@ struct Api {
     decltype(&::kvt_tier_take_events) tier_take_events = nullptr;
     decltype(&::kvt_tier_take_kv_events) tier_take_kv_events = nullptr;
     decltype(&::kvt_tier_evict_now) tier_evict_now = nullptr;
+    decltype(&::kvt_tier_clear) tier_clear = nullptr;
     decltype(&::kvt_tier_stats) tier_stats = nullptr;
     decltype(&::kvt_tier_metrics) tier_metrics = nullptr;
     decltype(&::kvt_set_log_callback) set_log_callback = nullptr;
@@ -163,7 +164,7 @@ struct Api {
                tier_submit_load && tier_poll && tier_event_fd && tier_jobs_in_flight && tier_drain &&
                tier_shutdown && tier_free && last_error && config_schema && stats_fields && config_check &&
                tier_location && tier_lookup && tier_schedule_end && tier_request_finished && tier_check_now && tier_take_events &&
-               tier_take_kv_events && tier_evict_now && tier_stats && tier_metrics && set_log_callback &&
+               tier_take_kv_events && tier_evict_now && tier_clear && tier_stats && tier_metrics && set_log_callback &&
                vllm_namespace && tier_add_region && tier_remove_region && tier_submit_store_ranges &&
                tier_submit_load_ranges;
     }
@@ -198,6 +199,7 @@ struct Api {
             a.tier_take_events = &::kvt_tier_take_events;
             a.tier_take_kv_events = &::kvt_tier_take_kv_events;
             a.tier_evict_now = &::kvt_tier_evict_now;
+            a.tier_clear = &::kvt_tier_clear;
             a.tier_stats = &::kvt_tier_stats;
             a.tier_metrics = &::kvt_tier_metrics;
             a.set_log_callback = &::kvt_set_log_callback;
@@ -261,6 +263,7 @@ struct Api {
         resolve(handle, "kvt_tier_take_events", a.tier_take_events);
         resolve(handle, "kvt_tier_take_kv_events", a.tier_take_kv_events);
         resolve(handle, "kvt_tier_evict_now", a.tier_evict_now);
+        resolve(handle, "kvt_tier_clear", a.tier_clear);
         resolve(handle, "kvt_tier_stats", a.tier_stats);
         resolve(handle, "kvt_tier_metrics", a.tier_metrics);
         resolve(handle, "kvt_set_log_callback", a.set_log_callback);
@@ -683,6 +686,16 @@ public:
     {
         EvictionReport r{};
         check(api_, api_.tier_evict_now(tier_, &r), "kvt_tier_evict_now");
+        return r;
+    }
+
+    // Deletes every block of the tier's namespace (kvt_tier_clear), whether or not
+    // eviction is configured; each deleted block yields a BlockRemoved event. Blocks for
+    // the listing and deletes. Thread-safe. Throws Error.
+    EvictionReport clear()
+    {
+        EvictionReport r{};
+        check(api_, api_.tier_clear(tier_, &r), "kvt_tier_clear");
         return r;
     }
 

@@ -729,6 +729,16 @@ class Tier:
             _check(_lib().kvt_tier_evict_now(ptr, ctypes.byref(report)))
         return {name: getattr(report, name) for name, _ in report._fields_}
 
+    def clear(self) -> dict[str, int]:
+        """Deletes every block of the tier's namespace (objects under its prefix and
+        namespace with a block's name; nothing else), each a BlockRemoved event, whether or
+        not eviction is configured, and returns what it did (as :meth:`evict_now`).
+        Blocks other tiers stored into the same namespace go too."""
+        report = _native.KvtEvictionReport()
+        with self._h as ptr:
+            _check(_lib().kvt_tier_clear(ptr, ctypes.byref(report)))
+        return {name: getattr(report, name) for name, _ in report._fields_}
+
     def metrics(self) -> str:
         """The tier's metrics in the Prometheus text exposition format: the counters of
         :meth:`stats` as ``kvtier_<name>_total``, failed keys by status, jobs in flight,

@@ -811,6 +811,23 @@ impl Tier {
             .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
     }
 
+    /// Deletes every block of the tier's namespace (the objects under its prefix and
+    /// namespace that have a block's name; nothing else), as an eviction round with no
+    /// byte budget: each deleted block is a BlockRemoved event and is forgotten, so a
+    /// later store uploads it again. Works with or without `eviction` configured. Blocks
+    /// stored by other tiers into the same namespace go too; with an empty prefix and
+    /// namespace that is every block of the bucket.
+    pub fn clear(&self) -> Result<EvictionReport> {
+        let everything = crate::config::EvictionConfig {
+            max_bytes: Some(0),
+            max_age_s: None,
+            interval_ms: 0,
+        };
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| rt.block_on(async move { eviction::round(&shared, &everything).await }))
+            .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
+    }
+
     /// Takes up to `max` of the BlockStored and BlockRemoved events recorded so far,
     /// oldest first.
     pub fn take_events(&self, max: usize) -> Vec<KvEvent> {

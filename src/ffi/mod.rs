@@ -1120,6 +1120,37 @@ pub unsafe extern "C" fn kvt_tier_evict_now(
     unsafe { guard_tier("kvt_tier_evict_now", tier, Access::Work, body) }
 }
 
+/// Deletes every block of the tier's namespace (the objects under its `prefix` and
+/// `namespace` that have a block's name; nothing else there) and waits for it: an
+/// eviction round that keeps nothing, whether or not `eviction` is configured. Each
+/// deleted block yields a BlockRemoved event and is forgotten (a later store uploads it
+/// again). Blocks other tiers stored into the same namespace go too; with an empty prefix
+/// and namespace that is every block of the bucket. Writes what it found and did to
+/// `*out_report` (zeroed on error). NULL `tier` or `out_report` is
+/// KVT_STATUS_NULL_ARGUMENT; after shutdown KVT_STATUS_SHUT_DOWN. Blocks for the listing
+/// and deletes. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_clear(
+    tier: *mut kvt_tier,
+    out_report: *mut kvt_eviction_report,
+) -> Status {
+    if !out_report.is_null() {
+        // SAFETY: non-NULL and writable (the header's contract).
+        unsafe { out_report.write(Default::default()) };
+    }
+    let body = |handle: &kvt_tier| {
+        if out_report.is_null() {
+            return Err(Error::new(Status::NullArgument, "out_report is NULL"));
+        }
+        let report = handle.tier.clear()?;
+        // SAFETY: non-NULL (checked above) and writable (the header's contract).
+        unsafe { out_report.write(report.into()) };
+        Ok(())
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_clear", tier, Access::Work, body) }
+}
+
 /// Fills a caller's event array.
 ///
 /// # Safety
