@@ -304,13 +304,20 @@ fn check_now_gives_up_at_its_timeout(srv: &Server) {
         [LookupResult::Hit, LookupResult::Miss]
     );
 
-    rig.proxy.set_rule(|_| Fault::Delay(Duration::from_secs(20)));
+    rig.proxy
+        .set_rule(|_| Fault::Delay(Duration::from_secs(20)));
     let started = Instant::now();
     let late = tier.check_now(&asked, Duration::from_millis(300)).unwrap();
     let waited = started.elapsed();
     assert_eq!(late, [LookupResult::Retry, LookupResult::Retry]);
-    assert!(waited >= Duration::from_millis(300), "returned after {waited:?}");
-    assert!(waited < Duration::from_secs(15), "waited for the server: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "returned after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(15),
+        "waited for the server: {waited:?}"
+    );
 
     rig.proxy.set_rule(|_| Fault::Pass);
     assert_eq!(

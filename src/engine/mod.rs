@@ -824,8 +824,10 @@ impl Tier {
             interval_ms: 0,
         };
         let shared = self.shared.clone();
-        self.with_runtime(|rt| rt.block_on(async move { eviction::round(&shared, &everything).await }))
-            .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
+        self.with_runtime(|rt| {
+            rt.block_on(async move { eviction::round(&shared, &everything).await })
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
     }
 
     /// Takes up to `max` of the BlockStored and BlockRemoved events recorded so far,
