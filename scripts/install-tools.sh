@@ -6,7 +6,8 @@
 #   tools/bin/s3s-fs     s3s-fs 0.14.1 (cargo install, built once, then cached)
 #   tools/venv/          Python venv with vLLM 0.33.0 (and its dependencies: torch with its
 #                        CUDA wheels, about 5 GB to download and 9 GB on disk, no GPU
-#                        needed), pytest, NIXL (nixl-cu12, no GPU needed) and, where the
+#                        needed), pytest, NIXL (nixl-cu12, no GPU needed), SGLang 0.5.23
+#                        (--no-deps, on vLLM's torch) and, where the
 #                        machine has none, moto_server
 #   openssl              from Debian, if missing (the TLS tests make certificates with it)
 #   radosgw, ceph-mon,   from Debian (16.2), if missing: Ceph RGW, the third S3 server of the
@@ -22,6 +23,7 @@ S3S_VERSION=0.14.1
 VLLM_REQUIREMENT="vllm==0.33.0"
 VLLM_VERSION=${VLLM_REQUIREMENT#vllm==}
 NIXL_VERSION=1.5.1
+SGLANG_VERSION=0.5.23
 PYTHON=${PYTHON:-python3}
 
 say() { echo "install-tools: $*" >&2; }
@@ -69,11 +71,27 @@ fi
 # package index ships. (The `nixl` meta package would pick the CUDA 13 build to match
 # vLLM's torch, so the tests that run vLLM's own obj tier alias `nixl` to this build.)
 has nixl_cu12._api || pip_install --no-deps "nixl-cu12==$NIXL_VERSION"
+# SGLang, whose own pools, storage factory and HiCache controllers drive kvtier's
+# HiCache backend in the Python tests. --no-deps: it reuses the venv's torch (from vLLM);
+# its import chain needs only IPython and gguf beyond what vLLM brought, and its page
+# hashing JIT-builds a small C++ extension with ninja (and OpenSSL's headers, below).
+if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('sglang') != '$SGLANG_VERSION')" 2>/dev/null; then
+    pip_install --no-deps "sglang==$SGLANG_VERSION"
+fi
+has IPython || pip_install IPython
+has gguf || pip_install gguf
+[[ -x "$TOOLS/venv/bin/ninja" ]] || pip_install ninja
 
 # openssl --------------------------------------------------------------------------------
 if ! command -v openssl >/dev/null 2>&1; then
     say "installing openssl"
     apt-get update -qq && apt-get install -y -qq openssl
+fi
+
+# OpenSSL's headers: SGLang's page hashing builds a C++ extension against them.
+if [[ ! -f /usr/include/openssl/sha.h ]]; then
+    say "installing libssl-dev"
+    apt-get update -qq && apt-get install -y -qq libssl-dev
 fi
 
 # cmake and pkg-config -------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""SGLang 0.5.23's own pools and HiCache controller, on CPU, with kvtier as the dynamic
+storage backend: what the SGLang tests drive. Nothing of SGLang is replaced; only the
+device-to-host copies (which need a GPU) are left out, so pages are written into the
+host pool directly, as a finished device-to-host copy would leave them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+# No model is ever downloaded (the model directory below holds only a configuration), and
+# SGLang's page hashing JIT-builds its extension with the venv's ninja.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+from dataclasses import dataclass
+
+import torch
+
+PAGE = 16  # tokens per page
+LAYERS = 3
+HEADS = 4
+HEAD_DIM = 64
+MODEL = "test-org/tiny-model"
+
+
+_model_dir: str | None = None
+
+
+def model_dir() -> str:
+    """A model directory holding only the configuration of a tiny Llama (SGLang's server
+    arguments read it; no weights are ever loaded)."""
+    global _model_dir
+    if _model_dir is None:
+        import json
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="kvtier-sglang-model-")
+        config = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HEADS * HEAD_DIM,
+            "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "head_dim": HEAD_DIM,
+            "num_hidden_layers": LAYERS, "intermediate_size": 512, "vocab_size": 32000,
+            "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
+        }
+        with open(f"{path}/config.json", "w") as f:
+            json.dump(config, f)
+        _model_dir = path
+    return _model_dir
+
+
+def server_args(layout: str):
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    args = ServerArgs(
+        model_path=model_dir(),
+        skip_tokenizer_init=True,
+        device="cpu",
+        page_size=PAGE,
+        hicache_mem_layout=layout,
+        hicache_io_backend="direct",
+        hicache_write_policy="write_through",
+        skip_server_warmup=True,
+    )
+    set_global_server_args_for_scheduler(args)
+    return args
+
+
+def parallel(tp_rank: int = 0, tp_size: int = 1):
+    from sglang.srt.distributed.parallel_state import get_parallel
+
+    get_parallel().override_permanently(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1)
+
+
+@dataclass
+class Pools:
+    device: object
+    host: object
+    allocator: object
+    mla: bool
+
+
+def mha_pools(layout: str, size: int = 512, dtype=torch.bfloat16, heads: int = HEADS) -> Pools:
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls
+
+    dev = MHATokenToKVPool(
+        size=size, page_size=PAGE, dtype=dtype, head_num=heads, head_dim=HEAD_DIM,
+        layer_num=LAYERS, device="cpu", enable_memory_saver=False,
+    )
+    info = dev.get_device_pool_infos()[0].buffer_info
+    host = get_mha_host_pool_cls(info)(
+        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=dev.size, start_layer=dev.start_layer, end_layer=dev.end_layer,
+        write_back_staging=dev.hicache_write_back_staging,
+    )
+    allocator = PagedTokenToKVPoolAllocator(dev.size, PAGE, dtype, "cpu", dev, False)
+    return Pools(dev, host, allocator, mla=False)
+
+
+def mla_pools(layout: str, size: int = 512, dtype=torch.bfloat16) -> Pools:
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    dev = MLATokenToKVPool(
+        size=size, page_size=PAGE, dtype=dtype, kv_lora_rank=64, qk_rope_head_dim=16,
+        layer_num=LAYERS, device="cpu", enable_memory_saver=False,
+    )
+    info = dev.get_device_pool_infos()[0].buffer_info
+    host = MLATokenToKVPoolHost(
+        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=dev.size, start_layer=dev.start_layer, end_layer=dev.end_layer,
+        target_layer_num=LAYERS,
+    )
+    allocator = PagedTokenToKVPoolAllocator(dev.size, PAGE, dtype, "cpu", dev, False)
+    return Pools(dev, host, allocator, mla=True)
+
+
+def extra_config(store: dict, prefix: str, **more) -> dict:
+    return {
+        "backend_name": "kvtier",
+        "module_path": "kvtier.sglang",
+        "class_name": "KvtierStorage",
+        "interface_v1": 1,
+        "store": store,
+        "prefix": prefix,
+        **more,
+    }
+
+
+def controller(pools: Pools, extra: dict, layout: str, tp_rank: int = 0, tp_size: int = 1):
+    """SGLang's HiCacheController with the dynamic backend from ``extra``."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    server_args(layout)
+    parallel(tp_rank, tp_size)
+    return HiCacheController(
+        pools.allocator, pools.host, PAGE, None, threading.Event(),
+        write_policy="write_through", io_backend="direct", storage_backend="dynamic",
+        prefetch_threshold=PAGE, model_name=MODEL, storage_backend_extra_config=dict(extra),
+    )
+
+
+def fill_pages(host, indices: torch.Tensor, seed: int) -> None:
+    """Random bytes in the host pool's pages at ``indices`` (token indices)."""
+    gen = torch.Generator().manual_seed(seed)
+    for start in range(0, len(indices), PAGE):
+        page = host.get_data_page(int(indices[start]), flat=True)
+        noise = torch.randint(-1000, 1000, page.shape, generator=gen, dtype=torch.int32).to(page.dtype) / 7
+        host.set_from_flat_data_page(int(indices[start]), noise)
+
+
+def page_bytes(host, indices: torch.Tensor) -> list[bytes]:
+    """Each page's bytes at ``indices``, in flat-page order."""
+    return [
+        host.get_data_page(int(indices[s]), flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+        for s in range(0, len(indices), PAGE)
+    ]
+
+
+def tokens(n_pages: int, salt: int = 0) -> list[int]:
+    return [(salt * 7919 + i) % 32000 for i in range(n_pages * PAGE)]
+
+
+def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> list[str]:
+    """``write_storage`` of the pages at ``host_indices`` and the wait for its ack; returns
+    the page keys SGLang chained for them."""
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    keys, last = [], None
+    for s in range(0, len(toks), PAGE):
+        last = get_hash_str(toks[s:s + PAGE], last)
+        keys.append(last)
+    op_id = ctrl.write_storage(host_indices, toks, hash_value=keys)
+    ack = ctrl.ack_backup_queue.get(timeout=timeout)
+    assert ack.id == op_id, (ack.id, op_id)
+    return keys
+
+
+def prefetch(ctrl, host, rid: str, toks: list[int], timeout: float = 60.0):
+    """SGLang's prefetch of ``toks``: the storage hit query (``batch_exists``), host pages
+    for the hits, the transfer (``batch_get_v1``). Returns (pages hit, pages loaded, host
+    indices of the hit pages)."""
+    op = ctrl.prefetch(rid, toks)
+    hit = ctrl.prefetch_hit_queue.get(timeout=timeout)
+    assert hit is op
+    indices = host.alloc(op.storage_hit_count) if op.storage_hit_count else torch.tensor([], dtype=torch.int64)
+    assert indices is not None, "host pool full"
+    op.host_indices = indices
+    ctrl.prefetch_buffer.put(op)
+    loaded = 0
+    while True:
+        ack = ctrl.ack_prefetch_queue.get(timeout=timeout)
+        assert ack.operation is op
+        if ack.completed_tokens is not None:
+            loaded = max(loaded, ack.completed_tokens)
+        if ack.completed_req:
+            break
+    return op.storage_hit_count // PAGE, loaded // PAGE, indices
