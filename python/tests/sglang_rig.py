@@ -179,7 +179,7 @@ def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 6
     return keys
 
 
-def prefetch(ctrl, host, rid: str, toks: list[int], timeout: float = 60.0):
+def prefetch(ctrl, host, rid, toks: list[int], timeout: float = 60.0):
     """SGLang's prefetch of ``toks``: the storage hit query (``batch_exists``), host pages
     for the hits, the transfer (``batch_get_v1``). Returns (pages hit, pages loaded, host
     indices of the hit pages)."""
@@ -199,3 +199,37 @@ def prefetch(ctrl, host, rid: str, toks: list[int], timeout: float = 60.0):
         if ack.completed_req:
             break
     return op.storage_hit_count // PAGE, loaded // PAGE, indices
+
+
+def hybrid_controller(layout: str, extra: dict, size: int = 512):
+    """SGLang's production controller for plain MHA models, ``HybridCacheController`` over
+    the host pool group ``build_kv_only_group`` makes, with the dynamic backend from
+    ``extra``. Returns (controller, host pool). The group's host pool is built unpinned
+    (pinning needs a CUDA driver), as SGLang's own CPU tests build it."""
+    import functools
+
+    import sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler as assembler
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    server_args(layout)
+    parallel()
+    pools = mha_pools(layout, size=size)
+    original = assembler._mha_host_inputs
+
+    def unpinned(*args, **kwargs):
+        cls, inputs, more = original(*args, **kwargs)
+        return functools.partial(cls, pin_memory=False), inputs, more
+
+    assembler._mha_host_inputs = unpinned
+    try:
+        group = assembler.build_kv_only_group(
+            page_size=PAGE, kv_pool=pools.device, full_layer_mapping={i: i for i in range(LAYERS)}, use_mla=False
+        )
+    finally:
+        assembler._mha_host_inputs = original
+    ctrl = HybridCacheController(
+        pools.allocator, group, PAGE, None, threading.Event(),
+        write_policy="write_through", io_backend="direct", storage_backend="dynamic",
+        prefetch_threshold=PAGE, model_name=MODEL, storage_backend_extra_config=dict(extra),
+    )
+    return ctrl, group.anchor_entry.host_pool

@@ -95,6 +95,29 @@ def test_backup_then_prefetch_on_a_second_instance(kv_store, controllers, layout
     assert stats.kvtier["keys_loaded"] == 7
 
 
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_the_hybrid_controller_backs_up_and_prefetches(kv_store, layout):
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+    store, prefix = kv_store
+    extra = rig.extra_config(store, prefix)
+    ctrl_a, host_a = rig.hybrid_controller(layout, extra)
+    ctrl_b, host_b = rig.hybrid_controller(layout, extra)
+    try:
+        assert type(ctrl_a.storage_backend).__name__ == "KvtierStorage"
+        idx = host_a.alloc(4 * rig.PAGE)
+        rig.fill_pages(host_a, idx, seed=11)
+        want = rig.page_bytes(host_a, idx)
+        toks = rig.tokens(4, salt=11)
+        rig.backup(ctrl_a, idx, toks)
+        hit, loaded, got = rig.prefetch(ctrl_b, host_b, CacheRequestHandle("r1", 0), toks)
+        assert (hit, loaded) == (4, 4)
+        assert rig.page_bytes(host_b, got) == want
+    finally:
+        ctrl_a.storage_backend.close()
+        ctrl_b.storage_backend.close()
+
+
 def test_a_missing_page_in_the_middle_stops_the_run_there(kv_store, controllers):
     store, prefix = kv_store
     layout = "page_first"
