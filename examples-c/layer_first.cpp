@@ -6,7 +6,9 @@
 //
 // A page's object is its K and V bytes of every layer, in layer order: 2 x LAYERS ranges.
 // The program stores PAGES pages from one pool, loads them into other pages of a second
-// pool (as another engine would), and exits 0 only when every byte matches.
+// pool (as another engine would), and exits 0 only when every byte matches. The store is a
+// local directory (argv[1], or a temporary one), or the JSON store section in
+// KVT_EXAMPLE_STORE (ffi-tests/on_s3_servers.py runs it on s3s-fs, moto and Ceph RGW).
 #include "kvtier.hpp"
 
 #include <chrono>
@@ -16,6 +18,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -106,16 +110,24 @@ bool wait_for(kvtier::Tier &tier, std::uint64_t job_id)
 
 int main(int argc, char **argv)
 {
+    // The store: a JSON store section in KVT_EXAMPLE_STORE (an S3 server, say), else a
+    // local directory (argv[1], or a temporary one).
+    const char *store = std::getenv("KVT_EXAMPLE_STORE");
     std::string dir = argc > 1 ? argv[1] : "";
     char tmpl[] = "/tmp/kvtier-layer-first-XXXXXX";
-    if (dir.empty()) {
-        if (mkdtemp(tmpl) == nullptr) {
-            std::perror("mkdtemp");
-            return 1;
+    std::string config;
+    if (store != nullptr && *store != '\0') {
+        config = std::string(R"({"store":)") + store + R"(,"prefix":"layer-first-)" + std::to_string(getpid()) + R"("})";
+    } else {
+        if (dir.empty()) {
+            if (mkdtemp(tmpl) == nullptr) {
+                std::perror("mkdtemp");
+                return 1;
+            }
+            dir = tmpl;
         }
-        dir = tmpl;
+        config = R"({"store":{"type":"local","path":")" + dir + R"("},"prefix":"kv"})";
     }
-    const std::string config = R"({"store":{"type":"local","path":")" + dir + R"("},"prefix":"kv"})";
     try {
         const std::vector<std::uint8_t> keys = page_keys(PAGES);
         LayerFirstPool source(7), target(0);
@@ -153,7 +165,7 @@ int main(int argc, char **argv)
         std::fprintf(stderr, "kvtier: %s\n", e.what());
         return 1;
     }
-    if (argc <= 1) {
+    if (argc <= 1 && (store == nullptr || *store == '\0')) {
         std::system(("rm -rf '" + dir + "'").c_str());
     }
     return 0;

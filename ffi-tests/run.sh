@@ -6,7 +6,8 @@
 #   ffi-tests/run.sh --no-valgrind
 #
 # Sub-runs: the C harness plainly, under ASan+UBSan, built as C++, under valgrind; the
-# kvtier.hpp test through dlopen and linked; the C example. Everything is built into
+# kvtier.hpp test through dlopen and linked; the C examples; the range round trips of the
+# harness and the layer-first example on s3s-fs, moto and Ceph RGW. Everything is built into
 # target/ffi-tests/ (override with KVT_FFI_BUILD_DIR); each sub-run's full output is in
 # target/ffi-tests/logs/. The last line is "N passed, M failed" over the sub-runs; the
 # exit status is non-zero when anything failed.
@@ -24,7 +25,7 @@ for arg in "$@"; do
         --strict) STRICT=1 ;;
         --no-valgrind) VALGRIND=0 ;;
         -h | --help)
-            sed -n '2,11p' "$0"
+            sed -n '2,12p' "$0"
             exit 0
             ;;
         *)
@@ -183,6 +184,12 @@ run hpp-linked-test "$BUILD/hpp_linked_test"
 run example "$BUILD/offload"
 run example-lookups "$BUILD/lookups_events"
 run example-layer-first "$BUILD/layer_first"
+# Pages of 2 and of 2 x 32 ranges from C (the harness) and C++ (the layer-first example)
+# on the real S3 servers of the tests: s3s-fs, moto and Ceph RGW.
+VPY=$ROOT/tools/venv/bin/python
+[[ -x $VPY ]] || "$ROOT/scripts/install-tools.sh"
+run ranges-on-s3-servers "$VPY" "$ROOT/ffi-tests/on_s3_servers.py" \
+    -- "$BUILD/harness" ranges_on_store -- "$BUILD/layer_first"
 
 # ---- summary --------------------------------------------------------------------------
 echo
