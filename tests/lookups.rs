@@ -218,7 +218,7 @@ fn check_now_on_a_local_store_fails_only_the_failed_key() {
     assert_eq!(verdicts[120], LookupResult::Retry, "the damaged key");
     for (i, verdict) in verdicts.iter().enumerate().filter(|(i, _)| *i != 120) {
         let id = if i < 120 { i } else { i - 1 } as u64;
-        let want = if id % 3 == 0 {
+        let want = if id.is_multiple_of(3) {
             LookupResult::Hit
         } else {
             LookupResult::Miss

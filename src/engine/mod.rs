@@ -757,17 +757,19 @@ impl Tier {
                 .lookup_runtime
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
+            // Started while the runtime's lock is held, so shutdown cannot drop it in between.
             let spawn = |rt: &Runtime| {
                 lookup::spawn_checks(&self.shared, shared_keys, rt.handle(), move |v| {
                     done(checked, v)
-                })
+                });
+                true
             };
             match lane.as_ref() {
-                Some(rt) => Some(spawn(rt)),
-                None => self.with_runtime(spawn),
+                Some(rt) => spawn(rt),
+                None => self.with_runtime(spawn).unwrap_or(false),
             }
         };
-        if started.is_none() {
+        if !started {
             return Err(Error::new(Status::ShutDown, "check_now after shutdown"));
         }
         let to_result = |v: &lookup::Verdict| match v {
