@@ -164,9 +164,10 @@ def tokens(n_pages: int, salt: int = 0) -> list[int]:
     return [(salt * 7919 + i) % 32000 for i in range(n_pages * PAGE)]
 
 
-def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> list[str]:
+def backup_pages(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> tuple[list[str], int]:
     """``write_storage`` of the pages at ``host_indices`` and the wait for its ack; returns
-    the page keys SGLang chained for them."""
+    the page keys SGLang chained for them and how many pages SGLang counts as backed up
+    (its batches stop at the first that fails)."""
     from sglang.srt.mem_cache.utils import get_hash_str
 
     keys, last = [], None
@@ -176,6 +177,13 @@ def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 6
     op_id = ctrl.write_storage(host_indices, toks, hash_value=keys)
     ack = ctrl.ack_backup_queue.get(timeout=timeout)
     assert ack.id == op_id, (ack.id, op_id)
+    return keys, ack.completed_tokens // PAGE
+
+
+def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> list[str]:
+    """:func:`backup_pages`, which must back every page up; returns the page keys."""
+    keys, done = backup_pages(ctrl, host_indices, toks, timeout)
+    assert done == len(keys), f"{done} of {len(keys)} pages backed up"
     return keys
 
 

@@ -321,6 +321,52 @@ def test_sglangs_failure_injector_never_yields_wrong_pages(kv_store, controllers
     assert outcomes == {True, False}
 
 
+def test_connections_cut_under_sglang_never_yield_wrong_pages(kv_store, controllers):
+    """The project's fault proxy resets a connection to the S3 server every 200 KiB of
+    traffic (about one request in ten) while SGLang's controller backs pages up and
+    prefetches them: every page SGLang counts as backed up
+    loads byte-exact once the faults stop, and no prefetch, during the faults or after,
+    ever lands a wrong byte."""
+    from fault_proxy import FaultProxy
+
+    store, prefix = kv_store
+    if store.get("type") != "s3":
+        pytest.skip("cuts the connections to an S3 server")
+    proxy = FaultProxy(int(store["endpoint_override"].rsplit(":", 1)[1]))
+    try:
+        layout = "page_first"
+        through = rig.extra_config(dict(store, endpoint_override=proxy.endpoint), prefix)
+        a = rig.mha_pools(layout, size=1024)
+        ctrl_a = controllers(a, through, layout)
+        proxy.cut_every = 200 * 1024
+        sequences = []
+        for seq in range(8):
+            idx = a.host.alloc(3 * rig.PAGE)
+            rig.fill_pages(a.host, idx, seed=100 + seq)
+            toks = rig.tokens(3, salt=100 + seq)
+            _, done = rig.backup_pages(ctrl_a, idx, toks)
+            sequences.append((toks, rig.page_bytes(a.host, idx), done))
+        b = rig.mha_pools(layout, size=1024)
+        ctrl_b = controllers(b, through, layout)
+        for i, (toks, want, _) in enumerate(sequences):
+            hit, loaded, got = rig.prefetch(ctrl_b, b.host, f"during-{i}", toks)
+            assert loaded <= hit
+            assert rig.page_bytes(b.host, got)[:loaded] == want[:loaded]
+            b.host.free(got)
+        cuts = proxy.cuts
+        proxy.cut_every = 0
+        assert cuts > 0, f"no connection was cut in {proxy.connections}"
+        c = rig.mha_pools(layout, size=1024)
+        ctrl_c = controllers(c, rig.extra_config(store, prefix), layout)
+        for i, (toks, want, done) in enumerate(sequences):
+            hit, loaded, got = rig.prefetch(ctrl_c, c.host, f"after-{i}", toks)
+            assert loaded >= done, f"sequence {i}: {done} pages backed up, {loaded} load"
+            assert rig.page_bytes(c.host, got)[:loaded] == want[:loaded]
+            c.host.free(got)
+    finally:
+        proxy.close()
+
+
 @pytest.mark.parametrize(
     "bad, words",
     [
