@@ -367,6 +367,60 @@ def test_connections_cut_under_sglang_never_yield_wrong_pages(kv_store, controll
         proxy.close()
 
 
+def readme_launch_argv() -> list[str]:
+    """The SGLang command line of the README's "Use with SGLang" section, as argv."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("## Use with SGLang"):]
+    section = section[: section.index("\n## ", 1)]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"], argv[:3]
+    return argv[3:]
+
+
+def test_the_readmes_sglang_flags_give_a_working_l3(kv_store):
+    """What a user who follows the README gets: its exact flags, parsed by SGLang's own
+    argument parser and its controller's extra-config parser, load kvtier's backend, which
+    backs pages up and prefetches them into a second instance. Only the store (the README's
+    is a placeholder) and the model (a local config, no weights) are the session's."""
+    import json
+
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.server_args import prepare_server_args
+
+    store, prefix = kv_store
+    argv = readme_launch_argv()
+    argv[argv.index("--model-path") + 1] = rig.model_dir()
+    args = prepare_server_args(argv + ["--device", "cpu", "--page-size", str(rig.PAGE), "--skip-tokenizer-init"])
+    assert args.enable_hierarchical_cache and args.hicache_storage_backend == "dynamic"
+    documented = json.loads(args.hicache_storage_backend_extra_config)
+    assert documented["module_path"] == "kvtier.sglang" and documented["class_name"] == "KvtierStorage"
+    documented.update(store=store, prefix=prefix)
+    extra, *_ = HybridCacheController.parse_storage_backend_extra_config(json.dumps(documented))
+    layout = "page_first"
+    ctrl_a, host_a = rig.hybrid_controller(layout, extra)
+    ctrl_b, host_b = rig.hybrid_controller(layout, extra)
+    try:
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        assert ctrl_a.page_set_func == ctrl_a._page_set_zero_copy  # interface_v1 took effect
+        idx = host_a.alloc(3 * rig.PAGE)
+        rig.fill_pages(host_a, idx, seed=12)
+        want = rig.page_bytes(host_a, idx)
+        toks = rig.tokens(3, salt=12)
+        rig.backup(ctrl_a, idx, toks)
+        hit, loaded, got = rig.prefetch(ctrl_b, host_b, CacheRequestHandle("r", 0), toks)
+        assert (hit, loaded) == (3, 3)
+        assert rig.page_bytes(host_b, got) == want
+    finally:
+        ctrl_a.storage_backend.close()
+        ctrl_b.storage_backend.close()
+
+
 @pytest.mark.parametrize(
     "bad, words",
     [
