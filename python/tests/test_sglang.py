@@ -295,6 +295,36 @@ def test_clear_deletes_this_namespace_only(kv_store):
         theirs.close()
 
 
+def test_eviction_and_block_events_as_configured(kv_store):
+    """``eviction`` and ``enable_kv_events`` in ``extra_config`` work as in any tier: with a
+    budget of two pages, a round deletes two of four, those MISS afterwards and are the
+    BlockRemoved events, and every stored page was a BlockStored event."""
+    from kvtier.sglang import page_key
+
+    store, prefix = kv_store
+    page_bytes = 2 * rig.LAYERS * rig.PAGE * rig.HEADS * rig.HEAD_DIM * 2  # K and V, bf16
+    extra = rig.extra_config(
+        store, prefix, enable_kv_events=True, eviction={"max_bytes": 2 * page_bytes, "interval_ms": 3_600_000}
+    )
+    pools = rig.mha_pools("page_first")
+    backend = backend_for(pools, extra)
+    try:
+        keys = page_keys(rig.tokens(4, salt=13))
+        idx = pools.host.alloc(4 * rig.PAGE)
+        rig.fill_pages(pools.host, idx, seed=13)
+        assert backend.batch_set_v1(keys, idx) == [True] * 4
+        report = backend.tier.evict_now()
+        assert (report["objects"], report["bytes"], report["deleted"]) == (4, 4 * page_bytes, 2), report
+        present = [k for k in keys if backend.exists(k)]
+        gone = [k for k in keys if k not in present]
+        assert len(present) == 2
+        events = backend.take_events()
+        assert [k for e in events if not e.removed for k in e.keys] == [page_key(k) for k in keys]
+        assert sorted(k for e in events if e.removed for k in e.keys) == sorted(page_key(k) for k in gone)
+    finally:
+        backend.close()
+
+
 def test_sglangs_failure_injector_never_yields_wrong_pages(kv_store, controllers, monkeypatch):
     store, prefix = kv_store
     layout = "page_first"
