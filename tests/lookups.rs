@@ -147,6 +147,47 @@ fn lookup_rejects_bad_keys_and_calls_after_shutdown() {
     );
 }
 
+/// A local store (checked in shares, two I/O workers) holding keys `0..200` for which
+/// `stored` holds, and a key whose check fails: its shard directory is a file.
+struct DamagedLocalStore {
+    tier: Tier,
+    damaged: Vec<u8>,
+    // Dropped after the tier, which uses both until then.
+    _mem: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+impl DamagedLocalStore {
+    fn new(stored: impl Fn(u64) -> bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            r#"{{"store":{{"type":"local","path":{:?}}},"runtime_threads":2}}"#,
+            dir.path()
+        );
+        let tier = Tier::from_json(&config).unwrap();
+        let mut mem = vec![7u8; 16 * BLOCK];
+        unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
+        let keys: Vec<u64> = (0..200).filter(|&i| stored(i)).collect();
+        for (job, keys) in keys.chunks(16).enumerate() {
+            let blocks: Vec<u64> = (0..keys.len() as u64).collect();
+            assert!(run(&tier, JobKind::Store, job as u64 + 1, &blocks, keys).succeeded());
+        }
+        let mut hash = [0x5au8; 32];
+        hash[0] = 0xff;
+        let damaged = make_key(&hash, 0);
+        let name = tier.layout().object_name(&damaged).unwrap();
+        let shard = name.rsplitn(3, '/').nth(2).unwrap();
+        std::fs::create_dir_all(dir.path().join(shard).parent().unwrap()).unwrap();
+        std::fs::write(dir.path().join(shard), b"not a directory").unwrap();
+        DamagedLocalStore {
+            tier,
+            damaged,
+            _mem: mem,
+            _dir: dir,
+        }
+    }
+}
+
 /// The blocking check answers every key in order, as the store has it, and refuses what
 /// a lookup refuses.
 #[test]
@@ -190,26 +231,8 @@ fn check_now_answers_each_key_in_order() {
 /// RETRY alone; every other key answers as the store has it.
 #[test]
 fn check_now_on_a_local_store_fails_only_the_failed_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        r#"{{"store":{{"type":"local","path":{:?}}},"runtime_threads":2}}"#,
-        dir.path()
-    );
-    let tier = Tier::from_json(&config).unwrap();
-    let mut mem = vec![7u8; 16 * BLOCK];
-    unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
-    let stored: Vec<u64> = (0..200).filter(|i| i % 3 == 0).collect();
-    for (job, keys) in stored.chunks(16).enumerate() {
-        let blocks: Vec<u64> = (0..keys.len() as u64).collect();
-        assert!(run(&tier, JobKind::Store, job as u64 + 1, &blocks, keys).succeeded());
-    }
-    let mut hash = [0x5au8; 32];
-    hash[0] = 0xff;
-    let damaged = make_key(&hash, 0);
-    let name = tier.layout().object_name(&damaged).unwrap();
-    let shard = name.rsplitn(3, '/').nth(2).unwrap();
-    std::fs::create_dir_all(dir.path().join(shard).parent().unwrap()).unwrap();
-    std::fs::write(dir.path().join(shard), b"not a directory").unwrap();
+    let store = DamagedLocalStore::new(|i| i.is_multiple_of(3));
+    let (tier, damaged) = (&store.tier, store.damaged.clone());
 
     let mut asked: Vec<Vec<u8>> = (0..200).map(key).collect();
     asked.insert(120, damaged);
@@ -232,15 +255,8 @@ fn check_now_on_a_local_store_fails_only_the_failed_key() {
 /// other verdict is the store's.
 #[test]
 fn local_batches_split_across_workers_keep_group_verdicts() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        r#"{{"store":{{"type":"local","path":{:?}}},"runtime_threads":2}}"#,
-        dir.path()
-    );
-    let tier = Tier::from_json(&config).unwrap();
-    let mut mem = vec![7u8; 16 * BLOCK];
-    unsafe { tier.register_memory(mem.as_mut_ptr(), 16, BLOCK).unwrap() };
-    let stored: Vec<u64> = (0..200).filter(|i| i % 2 == 0).collect();
+    let store = DamagedLocalStore::new(|i| i.is_multiple_of(2));
+    let (tier, damaged) = (&store.tier, store.damaged.clone());
     let stored_verdict = |i: u64| {
         if i.is_multiple_of(2) {
             LookupResult::Hit
@@ -248,18 +264,6 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
             LookupResult::Miss
         }
     };
-    for (job, keys) in stored.chunks(16).enumerate() {
-        let blocks: Vec<u64> = (0..keys.len() as u64).collect();
-        assert!(run(&tier, JobKind::Store, job as u64 + 1, &blocks, keys).succeeded());
-    }
-    // A key whose shard directory is a file: its check fails (a damaged store).
-    let mut hash = [0x5au8; 32];
-    hash[0] = 0xff;
-    let damaged = make_key(&hash, 0);
-    let name = tier.layout().object_name(&damaged).unwrap();
-    let shard = name.rsplitn(3, '/').nth(2).unwrap();
-    std::fs::create_dir_all(dir.path().join(shard).parent().unwrap()).unwrap();
-    std::fs::write(dir.path().join(shard), b"not a directory").unwrap();
 
     // Request 2 asks first: its 150 keys and the damaged one end in the second share
     // (201 keys in two shares of 101); request 1's 50 keys follow.
@@ -272,11 +276,11 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
     }
     tier.schedule_end().unwrap();
     for i in 0..150 {
-        assert_eq!(resolve(&tier, 2, &key(i)), LookupResult::Miss, "key {i}");
+        assert_eq!(resolve(tier, 2, &key(i)), LookupResult::Miss, "key {i}");
     }
-    assert_eq!(resolve(&tier, 2, &damaged), LookupResult::Miss);
+    assert_eq!(resolve(tier, 2, &damaged), LookupResult::Miss);
     for i in 150..200 {
-        assert_eq!(resolve(&tier, 1, &key(i)), stored_verdict(i), "key {i}");
+        assert_eq!(resolve(tier, 1, &key(i)), stored_verdict(i), "key {i}");
     }
     let stats = tier.stats();
     assert_eq!(stats.existence_checks, 201);
@@ -288,6 +292,6 @@ fn local_batches_split_across_workers_keep_group_verdicts() {
     }
     tier.schedule_end().unwrap();
     for i in 0..150 {
-        assert_eq!(resolve(&tier, 3, &key(i)), stored_verdict(i), "key {i}");
+        assert_eq!(resolve(tier, 3, &key(i)), stored_verdict(i), "key {i}");
     }
 }

@@ -690,24 +690,27 @@ impl Tier {
         if groups.is_empty() {
             return Ok(());
         }
+        if self.on_lookup_lane(|lane| lookup::start_checks(&self.shared, groups, lane)) {
+            Ok(())
+        } else {
+            Err(Error::new(Status::ShutDown, "schedule_end after shutdown"))
+        }
+    }
+
+    /// Runs `start` with the lookup lane's runtime (the transfer runtime when the lane
+    /// has none of its own); false, without running it, after shutdown. `start` runs while
+    /// the runtime's lock is held, so shutdown cannot drop the runtime in between.
+    fn on_lookup_lane(&self, start: impl FnOnce(&tokio::runtime::Handle)) -> bool {
         let lane = self
             .lookup_runtime
             .read()
             .unwrap_or_else(|p| p.into_inner());
-        // Started while the runtime's lock is held, so shutdown cannot drop it in between.
-        let started = match lane.as_ref() {
+        match lane.as_ref() {
             Some(rt) => {
-                lookup::start_checks(&self.shared, groups, rt.handle());
+                start(rt.handle());
                 true
             }
-            None => self
-                .with_runtime(|rt| lookup::start_checks(&self.shared, groups, rt.handle()))
-                .is_some(),
-        };
-        if started {
-            Ok(())
-        } else {
-            Err(Error::new(Status::ShutDown, "schedule_end after shutdown"))
+            None => self.with_runtime(|rt| start(rt.handle())).is_some(),
         }
     }
 
@@ -752,23 +755,9 @@ impl Tier {
             let _ = tx.try_send(verdicts);
         };
         let checked = shared_keys.clone();
-        let started = {
-            let lane = self
-                .lookup_runtime
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            // Started while the runtime's lock is held, so shutdown cannot drop it in between.
-            let spawn = |rt: &Runtime| {
-                lookup::spawn_checks(&self.shared, shared_keys, rt.handle(), move |v| {
-                    done(checked, v)
-                });
-                true
-            };
-            match lane.as_ref() {
-                Some(rt) => spawn(rt),
-                None => self.with_runtime(spawn).unwrap_or(false),
-            }
-        };
+        let started = self.on_lookup_lane(|lane| {
+            lookup::spawn_checks(&self.shared, shared_keys, lane, move |v| done(checked, v))
+        });
         if !started {
             return Err(Error::new(Status::ShutDown, "check_now after shutdown"));
         }

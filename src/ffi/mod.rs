@@ -1103,21 +1103,36 @@ pub unsafe extern "C" fn kvt_tier_evict_now(
     tier: *mut kvt_tier,
     out_report: *mut kvt_eviction_report,
 ) -> Status {
+    // SAFETY: the header's contract for `tier` and `out_report`.
+    unsafe { eviction_round("kvt_tier_evict_now", tier, out_report, |t| t.evict_now()) }
+}
+
+/// Runs an eviction round (`round`) for an export and writes its report to `*out_report`,
+/// zeroed first so that it holds zeros on any error.
+///
+/// # Safety
+/// `tier` is NULL or a live handle; `out_report` is NULL or writable.
+unsafe fn eviction_round(
+    name: &str,
+    tier: *mut kvt_tier,
+    out_report: *mut kvt_eviction_report,
+    round: impl FnOnce(&Tier) -> crate::error::Result<crate::engine::EvictionReport>,
+) -> Status {
     if !out_report.is_null() {
-        // SAFETY: non-NULL and writable (the header's contract).
+        // SAFETY: non-NULL and writable (the caller's contract).
         unsafe { out_report.write(Default::default()) };
     }
     let body = |handle: &kvt_tier| {
         if out_report.is_null() {
             return Err(Error::new(Status::NullArgument, "out_report is NULL"));
         }
-        let report = handle.tier.evict_now()?;
-        // SAFETY: non-NULL (checked above) and writable (the header's contract).
+        let report = round(&handle.tier)?;
+        // SAFETY: non-NULL (checked above) and writable (the caller's contract).
         unsafe { out_report.write(report.into()) };
         Ok(())
     };
-    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier("kvt_tier_evict_now", tier, Access::Work, body) }
+    // SAFETY: `tier` is NULL or a live handle (the caller's contract).
+    unsafe { guard_tier(name, tier, Access::Work, body) }
 }
 
 /// Deletes every block of the tier's namespace (the objects under its `prefix` and
@@ -1134,21 +1149,8 @@ pub unsafe extern "C" fn kvt_tier_clear(
     tier: *mut kvt_tier,
     out_report: *mut kvt_eviction_report,
 ) -> Status {
-    if !out_report.is_null() {
-        // SAFETY: non-NULL and writable (the header's contract).
-        unsafe { out_report.write(Default::default()) };
-    }
-    let body = |handle: &kvt_tier| {
-        if out_report.is_null() {
-            return Err(Error::new(Status::NullArgument, "out_report is NULL"));
-        }
-        let report = handle.tier.clear()?;
-        // SAFETY: non-NULL (checked above) and writable (the header's contract).
-        unsafe { out_report.write(report.into()) };
-        Ok(())
-    };
-    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
-    unsafe { guard_tier("kvt_tier_clear", tier, Access::Work, body) }
+    // SAFETY: the header's contract for `tier` and `out_report`.
+    unsafe { eviction_round("kvt_tier_clear", tier, out_report, |t| t.clear()) }
 }
 
 /// Fills a caller's event array.
