@@ -164,16 +164,22 @@ def tokens(n_pages: int, salt: int = 0) -> list[int]:
     return [(salt * 7919 + i) % 32000 for i in range(n_pages * PAGE)]
 
 
-def backup_pages(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> tuple[list[str], int]:
-    """``write_storage`` of the pages at ``host_indices`` and the wait for its ack; returns
-    the page keys SGLang chained for them and how many pages SGLang counts as backed up
-    (its batches stop at the first that fails)."""
+def page_keys(toks: list[int]) -> list[str]:
+    """SGLang's chained page keys of ``toks``, as its controller computes them."""
     from sglang.srt.mem_cache.utils import get_hash_str
 
     keys, last = [], None
     for s in range(0, len(toks), PAGE):
         last = get_hash_str(toks[s:s + PAGE], last)
         keys.append(last)
+    return keys
+
+
+def backup_pages(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> tuple[list[str], int]:
+    """``write_storage`` of the pages at ``host_indices`` and the wait for its ack; returns
+    the page keys SGLang chained for them and how many pages SGLang counts as backed up
+    (its batches stop at the first that fails)."""
+    keys = page_keys(toks)
     op_id = ctrl.write_storage(host_indices, toks, hash_value=keys)
     ack = ctrl.ack_backup_queue.get(timeout=timeout)
     assert ack.id == op_id, (ack.id, op_id)
@@ -185,6 +191,25 @@ def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 6
     keys, done = backup_pages(ctrl, host_indices, toks, timeout)
     assert done == len(keys), f"{done} of {len(keys)} pages backed up"
     return keys
+
+
+def back_up_new_pages(ctrl, host, n_pages: int, seed: int) -> tuple[list[int], list[bytes], list[str]]:
+    """``n_pages`` fresh pages of ``host`` filled from ``seed``, backed up by ``ctrl`` (every
+    page) under tokens salted with ``seed``. Returns (tokens, each page's bytes, keys)."""
+    indices = host.alloc(n_pages * PAGE)
+    fill_pages(host, indices, seed=seed)
+    want = page_bytes(host, indices)
+    toks = tokens(n_pages, salt=seed)
+    return toks, want, backup(ctrl, indices, toks)
+
+
+def prefetch_all(ctrl, host, rid, toks: list[int], want: list[bytes]) -> torch.Tensor:
+    """:func:`prefetch`, which must hit and load exactly the pages of ``want``, byte-exact;
+    returns their host indices."""
+    hit, loaded, got = prefetch(ctrl, host, rid, toks)
+    assert (hit, loaded) == (len(want), len(want))
+    assert page_bytes(host, got) == want
+    return got
 
 
 def prefetch(ctrl, host, rid, toks: list[int], timeout: float = 60.0):

@@ -58,16 +58,6 @@ def backend_for(pools, extra, tp_rank=0, tp_size=1, mla=False):
     return backend
 
 
-def page_keys(toks):
-    from sglang.srt.mem_cache.utils import get_hash_str
-
-    keys, last = [], None
-    for s in range(0, len(toks), rig.PAGE):
-        last = get_hash_str(toks[s:s + rig.PAGE], last)
-        keys.append(last)
-    return keys
-
-
 @pytest.mark.parametrize("layout", MHA_LAYOUTS)
 def test_backup_then_prefetch_on_a_second_instance(kv_store, controllers, layout):
     store, prefix = kv_store
@@ -75,22 +65,14 @@ def test_backup_then_prefetch_on_a_second_instance(kv_store, controllers, layout
     a = rig.mha_pools(layout)
     ctrl_a = controllers(a, extra, layout)
     assert type(ctrl_a.storage_backend).__name__ == "KvtierStorage"
-    idx = a.host.alloc(5 * rig.PAGE)
-    rig.fill_pages(a.host, idx, seed=1)
-    want = rig.page_bytes(a.host, idx)
-    toks = rig.tokens(5, salt=1)
-    rig.backup(ctrl_a, idx, toks)
+    toks, want, _ = rig.back_up_new_pages(ctrl_a, a.host, 5, seed=1)
 
     b = rig.mha_pools(layout)  # another instance: its own pools, its own tier
     ctrl_b = controllers(b, extra, layout)
-    hit, loaded, got = rig.prefetch(ctrl_b, b.host, "r1", toks)
-    assert (hit, loaded) == (5, 5)
-    assert rig.page_bytes(b.host, got) == want
+    rig.prefetch_all(ctrl_b, b.host, "r1", toks, want)
     # A prompt that continues differently hits only the shared pages.
     other = toks[: 2 * rig.PAGE] + rig.tokens(3, salt=99)
-    hit, loaded, got = rig.prefetch(ctrl_b, b.host, "r2", other)
-    assert (hit, loaded) == (2, 2)
-    assert rig.page_bytes(b.host, got) == want[:2]
+    rig.prefetch_all(ctrl_b, b.host, "r2", other, want[:2])
     stats = ctrl_b.storage_backend.get_stats()
     assert stats.kvtier["keys_loaded"] == 7
 
@@ -105,14 +87,8 @@ def test_the_hybrid_controller_backs_up_and_prefetches(kv_store, layout):
     ctrl_b, host_b = rig.hybrid_controller(layout, extra)
     try:
         assert type(ctrl_a.storage_backend).__name__ == "KvtierStorage"
-        idx = host_a.alloc(4 * rig.PAGE)
-        rig.fill_pages(host_a, idx, seed=11)
-        want = rig.page_bytes(host_a, idx)
-        toks = rig.tokens(4, salt=11)
-        rig.backup(ctrl_a, idx, toks)
-        hit, loaded, got = rig.prefetch(ctrl_b, host_b, CacheRequestHandle("r1", 0), toks)
-        assert (hit, loaded) == (4, 4)
-        assert rig.page_bytes(host_b, got) == want
+        toks, want, _ = rig.back_up_new_pages(ctrl_a, host_a, 4, seed=11)
+        rig.prefetch_all(ctrl_b, host_b, CacheRequestHandle("r1", 0), toks, want)
     finally:
         ctrl_a.storage_backend.close()
         ctrl_b.storage_backend.close()
@@ -128,7 +104,7 @@ def test_a_missing_page_in_the_middle_stops_the_run_there(kv_store, controllers)
     rig.fill_pages(a.host, idx, seed=2)
     want = rig.page_bytes(a.host, idx)
     toks = rig.tokens(4, salt=2)
-    keys = page_keys(toks)
+    keys = rig.page_keys(toks)
     # Pages 0, 1 and 3 are stored; page 2 is not.
     backend = ctrl_a.storage_backend
     assert backend.batch_set_v1(keys[:2], idx[: 2 * rig.PAGE]) == [True, True]
@@ -138,9 +114,7 @@ def test_a_missing_page_in_the_middle_stops_the_run_there(kv_store, controllers)
 
     b = rig.mha_pools(layout)
     ctrl_b = controllers(b, extra, layout)
-    hit, loaded, got = rig.prefetch(ctrl_b, b.host, "r", toks)
-    assert (hit, loaded) == (2, 2)
-    assert rig.page_bytes(b.host, got) == want[:2]
+    rig.prefetch_all(ctrl_b, b.host, "r", toks, want[:2])
 
 
 def test_a_truncated_page_fails_its_load_alone(local_only, controllers):
@@ -149,11 +123,7 @@ def test_a_truncated_page_fails_its_load_alone(local_only, controllers):
     extra = rig.extra_config(store.store_config, store.prefix)
     a = rig.mha_pools(layout)
     ctrl_a = controllers(a, extra, layout)
-    idx = a.host.alloc(3 * rig.PAGE)
-    rig.fill_pages(a.host, idx, seed=3)
-    want = rig.page_bytes(a.host, idx)
-    toks = rig.tokens(3, salt=3)
-    keys = rig.backup(ctrl_a, idx, toks)
+    toks, want, keys = rig.back_up_new_pages(ctrl_a, a.host, 3, seed=3)
     from kvtier.sglang import page_key
 
     path = store.local_object(ctrl_a.storage_backend.namespace, page_key(keys[1]))
@@ -177,28 +147,16 @@ def test_legacy_calls_and_zero_copy_calls_share_objects(kv_store, controllers, l
     a = rig.mha_pools(layout)
     ctrl_a = controllers(a, legacy, layout)
     assert ctrl_a.page_set_func == ctrl_a._generic_page_set
-    idx = a.host.alloc(3 * rig.PAGE)
-    rig.fill_pages(a.host, idx, seed=4)
-    want = rig.page_bytes(a.host, idx)
-    toks = rig.tokens(3, salt=4)
-    rig.backup(ctrl_a, idx, toks)
+    toks, want, _ = rig.back_up_new_pages(ctrl_a, a.host, 3, seed=4)
 
     b = rig.mha_pools(layout)
     ctrl_b = controllers(b, zero_copy, layout)
-    hit, loaded, got = rig.prefetch(ctrl_b, b.host, "r", toks)
-    assert (hit, loaded) == (3, 3)
-    assert rig.page_bytes(b.host, got) == want
+    rig.prefetch_all(ctrl_b, b.host, "r", toks, want)
     # And back: what the zero-copy path stored, the legacy path reads.
-    idx2 = b.host.alloc(2 * rig.PAGE)
-    rig.fill_pages(b.host, idx2, seed=5)
-    want2 = rig.page_bytes(b.host, idx2)
-    toks2 = rig.tokens(2, salt=5)
-    rig.backup(ctrl_b, idx2, toks2)
+    toks2, want2, _ = rig.back_up_new_pages(ctrl_b, b.host, 2, seed=5)
     c = rig.mha_pools(layout)
     ctrl_c = controllers(c, legacy, layout)
-    hit, loaded, got = rig.prefetch(ctrl_c, c.host, "r", toks2)
-    assert (hit, loaded) == (2, 2)
-    assert rig.page_bytes(c.host, got) == want2
+    rig.prefetch_all(ctrl_c, c.host, "r", toks2, want2)
 
 
 def test_pools_that_cannot_share_bytes_never_do(kv_store):
@@ -206,7 +164,7 @@ def test_pools_that_cannot_share_bytes_never_do(kv_store):
     extra = rig.extra_config(store, prefix)
     a = rig.mha_pools("page_first")
     toks = rig.tokens(2, salt=6)
-    keys = page_keys(toks)
+    keys = rig.page_keys(toks)
     writer = backend_for(a, extra)
     try:
         idx = a.host.alloc(2 * rig.PAGE)
@@ -234,7 +192,7 @@ def test_mla_one_rank_writes_and_every_rank_reads(kv_store):
     store, prefix = kv_store
     extra = rig.extra_config(store, prefix)
     toks = rig.tokens(3, salt=7)
-    keys = page_keys(toks)
+    keys = rig.page_keys(toks)
     r0, r1 = rig.mla_pools("page_first"), rig.mla_pools("page_first")
     rank0 = backend_for(r0, extra, tp_rank=0, tp_size=2, mla=True)
     rank1 = backend_for(r1, extra, tp_rank=1, tp_size=2, mla=True)
@@ -263,23 +221,17 @@ def test_mla_through_the_controller(kv_store, controllers):
     extra = rig.extra_config(store, prefix)
     a = rig.mla_pools(layout)
     ctrl_a = controllers(a, extra, layout)
-    idx = a.host.alloc(3 * rig.PAGE)
-    rig.fill_pages(a.host, idx, seed=8)
-    want = rig.page_bytes(a.host, idx)
-    toks = rig.tokens(3, salt=8)
-    rig.backup(ctrl_a, idx, toks)
+    toks, want, _ = rig.back_up_new_pages(ctrl_a, a.host, 3, seed=8)
     b = rig.mla_pools(layout)
     ctrl_b = controllers(b, extra, layout)
-    hit, loaded, got = rig.prefetch(ctrl_b, b.host, "r", toks)
-    assert (hit, loaded) == (3, 3)
-    assert rig.page_bytes(b.host, got) == want
+    rig.prefetch_all(ctrl_b, b.host, "r", toks, want)
 
 
 def test_clear_deletes_this_namespace_only(kv_store):
     store, prefix = kv_store
     extra = rig.extra_config(store, prefix)
     toks = rig.tokens(2, salt=9)
-    keys = page_keys(toks)
+    keys = rig.page_keys(toks)
     first, second = rig.mha_pools("page_first"), rig.mha_pools("layer_first")
     mine, theirs = backend_for(first, extra), backend_for(second, extra)
     try:
@@ -309,7 +261,7 @@ def test_eviction_and_block_events_as_configured(kv_store):
     pools = rig.mha_pools("page_first")
     backend = backend_for(pools, extra)
     try:
-        keys = page_keys(rig.tokens(4, salt=13))
+        keys = rig.page_keys(rig.tokens(4, salt=13))
         idx = pools.host.alloc(4 * rig.PAGE)
         rig.fill_pages(pools.host, idx, seed=13)
         assert backend.batch_set_v1(keys, idx) == [True] * 4
@@ -331,11 +283,7 @@ def test_sglangs_failure_injector_never_yields_wrong_pages(kv_store, controllers
     extra = rig.extra_config(store, prefix)
     a = rig.mha_pools(layout)
     ctrl_a = controllers(a, extra, layout)
-    idx = a.host.alloc(6 * rig.PAGE)
-    rig.fill_pages(a.host, idx, seed=10)
-    want = rig.page_bytes(a.host, idx)
-    toks = rig.tokens(6, salt=10)
-    rig.backup(ctrl_a, idx, toks)
+    toks, want, _ = rig.back_up_new_pages(ctrl_a, a.host, 6, seed=10)
     monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.4")
     b = rig.mha_pools(layout)
     ctrl_b = controllers(b, extra, layout)
@@ -438,14 +386,8 @@ def test_the_readmes_sglang_flags_give_a_working_l3(kv_store):
         from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 
         assert ctrl_a.page_set_func == ctrl_a._page_set_zero_copy  # interface_v1 took effect
-        idx = host_a.alloc(3 * rig.PAGE)
-        rig.fill_pages(host_a, idx, seed=12)
-        want = rig.page_bytes(host_a, idx)
-        toks = rig.tokens(3, salt=12)
-        rig.backup(ctrl_a, idx, toks)
-        hit, loaded, got = rig.prefetch(ctrl_b, host_b, CacheRequestHandle("r", 0), toks)
-        assert (hit, loaded) == (3, 3)
-        assert rig.page_bytes(host_b, got) == want
+        toks, want, _ = rig.back_up_new_pages(ctrl_a, host_a, 3, seed=12)
+        rig.prefetch_all(ctrl_b, host_b, CacheRequestHandle("r", 0), toks, want)
     finally:
         ctrl_a.storage_backend.close()
         ctrl_b.storage_backend.close()

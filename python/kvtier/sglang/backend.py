@@ -239,27 +239,24 @@ class KvtierStorage(_Base):
     # -- zero-copy interface (interface_v1) --------------------------------------------
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
-        if not keys:
-            return []
-        if not self.is_writer:
+        if keys and not self.is_writer:
             # MLA: every rank holds the same pages and only the writer rank stores them.
             return [True] * len(keys)
-        try:
-            ranges = self._ranges(host_indices, len(keys))
-        except Exception as exc:
-            logger.warning("kvtier.sglang: batch_set_v1: %s", exc)
-            return [False] * len(keys)
-        return self._run(JobKind.STORE, keys, ranges)
+        return self._pages(JobKind.STORE, keys, host_indices)
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        return self._pages(JobKind.LOAD, keys, host_indices)
+
+    def _pages(self, kind: JobKind, keys: List[str], host_indices: Any) -> List[bool]:
+        """One job moving the pages at ``host_indices`` under ``keys``, as their ranges."""
         if not keys:
             return []
         try:
             ranges = self._ranges(host_indices, len(keys))
         except Exception as exc:
-            logger.warning("kvtier.sglang: batch_get_v1: %s", exc)
+            logger.warning("kvtier.sglang: %s of %d pages: %s", kind.name.lower(), len(keys), exc)
             return [False] * len(keys)
-        return self._run(JobKind.LOAD, keys, ranges)
+        return self._run(kind, keys, ranges)
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many of ``keys``, from the first, the store holds: all are checked at once
