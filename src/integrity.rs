@@ -136,6 +136,68 @@ mod tests {
         }
     }
 
+    /// CRC32C by its definition, one bit at a time (reflected polynomial 0x82F63B78): the
+    /// portable reference the hardware paths are checked against on each architecture the
+    /// library is built for (`scripts/test-aarch64.sh` runs this test under emulation).
+    fn crc32c_bit_by_bit(bytes: &[u8]) -> u32 {
+        let mut crc = u32::MAX;
+        for &byte in bytes {
+            crc ^= u32::from(byte);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0x82F6_3B78
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn the_hardware_checksum_path_matches_the_portable_definition() {
+        // The path crc-fast picked on this CPU: carry-less multiplication folding on
+        // x86-64 (PCLMULQDQ/VPCLMULQDQ) and aarch64 (PMULL), never the table fallback.
+        let path = crc_fast::get_calculator_target(crc_fast::CrcAlgorithm::Crc32Iscsi);
+        if cfg!(target_arch = "x86_64") {
+            assert!(path.starts_with("x86_64-"), "checksum path {path}");
+        } else if cfg!(target_arch = "aarch64") {
+            assert!(
+                path.starts_with("aarch64-neon-pmull"),
+                "checksum path {path}"
+            );
+        }
+        eprintln!("checksum path: {path}");
+        let data: Vec<u8> = (0..(1u32 << 20) + 4099)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        // Every length through the folding widths (16, 64, 128, 256 bytes and their tails),
+        // from every alignment of a cache line, then large unaligned buffers.
+        for start in 0..64 {
+            for len in 0..=600 {
+                let bytes = &data[start..start + len];
+                assert_eq!(
+                    checksum(bytes),
+                    crc32c_bit_by_bit(bytes),
+                    "start {start} len {len}"
+                );
+            }
+        }
+        for (start, len) in [
+            (0, 65_536),
+            (3, 262_147),
+            (1, data.len() - 1),
+            (0, data.len()),
+        ] {
+            let bytes = &data[start..start + len];
+            let expected = crc32c_bit_by_bit(bytes);
+            assert_eq!(checksum(bytes), expected, "start {start} len {len}");
+            // In pieces, as a load of several ranges computes it.
+            let pieces = bytes.chunks(len / 3 + 1).fold(0, checksum_append);
+            assert_eq!(pieces, expected, "start {start} len {len} in pieces");
+        }
+    }
+
     #[test]
     fn crc_text_round_trips() {
         for crc in [0, 0xbeef, u32::MAX] {

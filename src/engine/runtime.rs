@@ -53,9 +53,11 @@ pub(crate) fn runtime_with_store(
         .thread_name(name.clone())
         .on_thread_start(move || {
             if nice > 0 {
-                // SAFETY: a plain syscall on the calling thread's own id.
+                // SAFETY: plain syscalls on the calling thread's own id. gettid through
+                // syscall(2): glibc's wrapper is 2.30's, above the wheels' 2.28 floor.
                 unsafe {
-                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice)
+                    let tid = libc::syscall(libc::SYS_gettid);
+                    libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
                 };
             }
         })
