@@ -50,4 +50,4 @@ unexpected=$(LC_ALL=C comm -23 <(echo "$exported") <(echo "$declared"))
 missing=$(LC_ALL=C comm -13 <(echo "$exported") <(echo "$declared"))
 [[ -z $unexpected ]] || fail "exports symbols kvtier.h does not declare: $(echo $unexpected)"
 [[ -z $missing ]] || fail "does not export functions kvtier.h declares: $(echo $missing)"
-echo "check-library: $ARCH ELF, SONAME libkvtier.so.$MAJOR, NODELETE, exports the $(wc -l <<<"$exported") kvt_ functions of kvtier.h and nothing else"
+echo "check-library: $ARCH ELF, SONAME libkvtier.so.$MAJOR, NODELETE, every import versioned, exports the $(wc -l <<<"$exported") kvt_ functions of kvtier.h and nothing else"

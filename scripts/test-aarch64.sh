@@ -40,46 +40,15 @@ mkdir -p "$TMPDIR" "$LOGS"
 # qemu-aarch64 -L: the loader and every absolute path the program opens are looked up in
 # the arm64 root first (/lib/ld-linux-aarch64.so.1, /usr/lib/aarch64-linux-gnu, …).
 EMULATE=(qemu-aarch64 -L "$AROOT")
-PASSED=0
-FAILED=0
-
-check() { # check NAME CMD...: one check; its output goes to $LOGS/NAME.log
-    local name=$1 log=$LOGS/$1.log start=$SECONDS
-    shift
-    if "$@" >"$log" 2>&1; then
-        PASSED=$((PASSED + 1))
-        echo "  PASS $name ($((SECONDS - start)) s): $(tail -n 1 "$log")"
-    else
-        FAILED=$((FAILED + 1))
-        echo "  FAIL $name ($((SECONDS - start)) s); last lines of its output:"
-        tail -n 40 "$log" | sed 's/^/    | /'
-    fi
-}
+CHECK_LOGS=$LOGS
+# shellcheck source=scripts/checks.sh
+source "$ROOT/scripts/checks.sh"
 
 # 1. The wheel. ---------------------------------------------------------------------------
 WHEEL=
 wheel() {
     WHEEL=$("$ROOT/scripts/build-wheel.sh" --arch aarch64 --copy-to "$WORK/dist" | tail -n 1) || return 1
-    local name tag=manylinux_2_28_aarch64
-    name=$(basename "$WHEEL")
-    [[ $name =~ ^kvtier-[0-9.]+-py3-none-${tag}(\.manylinux[a-z0-9_]+)*\.whl$ ]] || {
-        echo "$name is not a py3-none-$tag wheel"
-        return 1
-    }
-    PATH=$ROOT/tools/packaging-venv/bin:$PATH "$ROOT/tools/packaging-venv/bin/python" -m auditwheel show "$WHEEL" \
-        >"$WORK/auditwheel-show.txt" 2>&1 || {
-        cat "$WORK/auditwheel-show.txt"
-        return 1
-    }
-    grep -q "consistent with the following platform tag: \"$tag\"" <<<"$(tr '\n' ' ' <"$WORK/auditwheel-show.txt")" || {
-        echo "auditwheel does not find $name consistent with $tag:"
-        cat "$WORK/auditwheel-show.txt"
-        return 1
-    }
-    mkdir -p "$WORK/unpacked"
-    "$ROOT/tools/packaging-venv/bin/python" -m zipfile -e "$WHEEL" "$WORK/unpacked"
-    "$ROOT/scripts/check-library.sh" "$WORK/unpacked/kvtier/libkvtier.so" aarch64 || return 1
-    echo "$name: consistent with $tag"
+    "$ROOT/scripts/check-wheel.sh" "$WHEEL" aarch64
 }
 check wheel wheel
 
@@ -178,5 +147,4 @@ python_smoke() {
 }
 check python python_smoke
 
-echo "$PASSED passed, $FAILED failed"
-[[ $FAILED == 0 ]]
+checks_summary

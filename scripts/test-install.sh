@@ -21,23 +21,9 @@ trap 'rm -rf "$WORK"' EXIT
 export TMPDIR=$WORK/tmp # the examples' temporary stores
 mkdir -p "$TMPDIR"
 PREFIX=$WORK/prefix
-PASSED=0
-FAILED=0
-
-check() { # check NAME CMD...: one check; its output goes to $WORK/logs/NAME.log
-    local name=$1 log=$WORK/logs/$1.log
-    shift
-    mkdir -p "$WORK/logs"
-    if "$@" >"$log" 2>&1; then
-        PASSED=$((PASSED + 1))
-        echo "  PASS $name${SUMMARY:+: $(tail -n 1 "$log")}"
-    else
-        FAILED=$((FAILED + 1))
-        echo "  FAIL $name; last lines of its output:"
-        tail -n 40 "$log" | sed 's/^/    | /'
-    fi
-}
-SUMMARY=1
+CHECK_LOGS=$WORK/logs
+# shellcheck source=scripts/checks.sh
+source "$ROOT/scripts/checks.sh"
 
 need() { command -v "$1" >/dev/null || {
     echo "test-install: $1 is not installed (scripts/install-tools.sh installs it)"
@@ -176,5 +162,4 @@ destdir() {
 }
 check destdir destdir
 
-echo "$PASSED passed, $FAILED failed"
-[[ $FAILED == 0 ]]
+checks_summary
