@@ -117,7 +117,8 @@ if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux
 fi
 # qemu-user from Debian's backports (10.0): Debian 12's own 7.2 aborts, or hangs, in a
 # child forked by a multithreaded program (the harness's fork case), an emulator bug.
-qemu_major() { qemu-aarch64 --version 2>/dev/null | sed -n 's/^qemu-aarch64 version \([0-9]*\)\..*/\1/p'; }
+# Prints nothing where qemu-aarch64 is missing (not a failure: this step installs it).
+qemu_major() { { qemu-aarch64 --version 2>/dev/null || true; } | sed -n 's/^qemu-aarch64 version \([0-9]*\)\..*/\1/p'; }
 qemu=$(qemu_major)
 if [[ -z $qemu || $qemu -lt 8 ]] || ! command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then
     say "installing qemu-user (Debian backports) and the aarch64 cross compilers"
