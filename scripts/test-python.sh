@@ -38,5 +38,5 @@ assert pkg == pathlib.Path(sys.argv[1]).resolve() / "kvtier", pkg
 assert pathlib.Path(kvtier.library_path()).resolve() == pkg / "libkvtier.so", kvtier.library_path()
 print(f"test-python: kvtier from {pkg.parent.name} ({sys.argv[2]})")
 ' "$WORK/site" "$(basename "$WHEEL")"
-env -u KVTIER_LIBRARY PYTHONPATH="$WORK/site" "$TPY" -m pytest -q -p no:cacheprovider \
+env -u KVTIER_LIBRARY PYTHONPATH="$WORK/site" "$TPY" -m pytest -q -rfE -p no:cacheprovider \
     --rootdir "$ROOT/python" "$ROOT/python/tests" "$@"

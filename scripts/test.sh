@@ -36,6 +36,18 @@ suite wheel bash scripts/test-wheel.sh
 suite aarch64 bash scripts/test-aarch64.sh
 suite nixl-interop tools/venv/bin/python -m pytest tests/interop -q -p no:cacheprovider
 
+# Why each failed suite failed, just above the summary: CI keeps only the end of the output.
+# The lines that name a failure (pytest's FAILED/ERROR, cargo's failing tests and panics, the
+# check runners' FAIL), else the end of the suite's log.
+for i in "${!SUITES[@]}"; do
+    [[ ${OUTCOMES[$i]} == FAIL ]] || continue
+    log=$LOGS/${SUITES[$i]%% *}.log
+    echo
+    echo "=== ${SUITES[$i]%% *} failed ($log):"
+    reasons=$(grep -E '^(FAILED|ERROR) |^test .* FAILED$|panicked at|^error(\[|:)|^  FAIL |^---- .* stdout ----$' "$log" | head -n 12)
+    if [[ -n $reasons ]]; then echo "$reasons"; else tail -n 12 "$log"; fi
+done
+
 passed=0
 failed=0
 echo
