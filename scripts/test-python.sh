@@ -15,6 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# No test reads standard input, and a closed one (as CI starts the run) breaks imports that
+# look at it: under pytest, IPython, which SGLang imports, fails its collection.
+exec </dev/null
 [[ -x tools/venv/bin/python ]] || scripts/install-tools.sh
 TPY=$ROOT/tools/venv/bin/python
 export KVTIER_TEST_S3_SERVERS=1

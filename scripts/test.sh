@@ -9,6 +9,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# No test reads standard input, and a closed one (as CI starts the run) breaks imports that
+# look at it: under pytest, IPython, which SGLang imports, fails its collection.
+exec </dev/null
 LOGS=$ROOT/target/test-logs
 mkdir -p "$LOGS"
 
