@@ -58,7 +58,9 @@ pub struct TierConfig {
     #[serde(default = "default_file_io_threads")]
     pub file_io_threads: usize,
     /// Existence checks in flight at once; a separate budget so lookups never queue
-    /// behind bulk transfers.
+    /// behind bulk transfers. The default lets a scheduler step's batch of 256 keys go out
+    /// at once: against a remote store each check costs a round trip, so checks sent in
+    /// waves cost a round trip per wave.
     #[serde(default = "default_inflight_lookups")]
     pub max_inflight_lookups: usize,
     /// S3, Azure and GCS stores: existence checks run on their own I/O thread and HTTP
@@ -198,7 +200,7 @@ fn default_file_io_threads() -> usize {
     16
 }
 fn default_inflight_lookups() -> usize {
-    64
+    256
 }
 fn default_shutdown_timeout_ms() -> u64 {
     30_000

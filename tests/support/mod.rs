@@ -9,6 +9,7 @@
 
 pub mod emulators;
 pub mod proxy;
+pub mod shaper;
 pub mod tls_relay;
 
 use std::collections::HashMap;

@@ -1,0 +1,147 @@
+//! kvtier at a remote store's latency: real S3 servers (s3s-fs, moto and Ceph RGW) behind
+//! the project's shaping proxy (`support::shaper`), which adds a round trip to every
+//! exchange and one more to every new connection, as the path to a remote store does.
+//!
+//! Behaviour, not timing: the tests assert what kvtier does on the link (how many requests
+//! it keeps in flight at once, what each key answers), never how long it took, which a busy
+//! machine would make flaky. The time is printed for the reader.
+
+#[macro_use]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kvtier::{JobKind, LookupResult, Tier};
+use serde_json::json;
+use support::shaper::{Link, Shaper};
+use support::*;
+
+const BLOCK: usize = 4096;
+/// The existence batch of a scheduler step that needs many answers.
+const BATCH: u64 = 256;
+/// Long enough that requests sent one wave after another could not pass for one wave.
+const ROUND_TRIP: Duration = Duration::from_millis(50);
+
+/// A 256-key existence check through a link with a round trip sends all 256 requests at
+/// once with the default configuration (so the batch costs about one round trip, plus one
+/// for new connections, not one per wave), and answers each key as the store does.
+fn an_existence_batch_is_in_flight_at_once(srv: &Server) {
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    // Every other key stored, straight to the server.
+    let stored: Vec<u64> = (0..BATCH).step_by(2).collect();
+    {
+        let writer = Tier::from_json(&tier_json(store.clone(), json!({}))).unwrap();
+        let mut pool = Pool::new(stored.len() as u64, BLOCK);
+        pool.fill_random(11);
+        pool.register(&writer);
+        let per_job = 16;
+        for (job, ids) in stored.chunks(per_job).enumerate() {
+            let slots: Vec<u64> = (0..ids.len() as u64)
+                .map(|s| (job * per_job) as u64 + s)
+                .collect();
+            writer
+                .submit(JobKind::Store, job as u64, &slots, keys(ids))
+                .unwrap();
+        }
+        let results = wait_all(&writer, stored.len().div_ceil(per_job));
+        assert!(
+            results.values().all(|r| r.succeeded()),
+            "stores failed: {results:?}"
+        );
+    }
+
+    let shaper = Shaper::start(
+        srv.port(),
+        Link {
+            round_trip: ROUND_TRIP,
+            ..Link::default()
+        },
+    );
+    let through_link = with(store, "endpoint_override", json!(shaper.endpoint()));
+    let reader = Tier::from_json(&tier_json(through_link, json!({}))).unwrap();
+    shaper.reset_most_open();
+    let open_before = shaper.traffic().open;
+
+    let asked: Vec<Vec<u8>> = (0..BATCH).map(key).collect();
+    let started = Instant::now();
+    let verdicts = reader.check_now(&asked, Duration::from_secs(120)).unwrap();
+    let took = started.elapsed();
+
+    for (i, verdict) in verdicts.iter().enumerate() {
+        let want = if i % 2 == 0 {
+            LookupResult::Hit
+        } else {
+            LookupResult::Miss
+        };
+        assert_eq!(*verdict, want, "key {i}");
+    }
+    let traffic = shaper.traffic();
+    eprintln!(
+        "{}: {BATCH} existence checks at a {ROUND_TRIP:?} round trip took {took:?} ({:.1} round trips); \
+         {} connections open at once at most ({open_before} before), {} accepted",
+        srv.name(),
+        took.as_secs_f64() / ROUND_TRIP.as_secs_f64(),
+        traffic.most_open,
+        traffic.accepted,
+    );
+    // All at once: each in-flight HEAD holds a connection of its own, so the batch had
+    // every one of its requests on the link together only if this many were open.
+    assert!(
+        traffic.most_open >= BATCH,
+        "at most {} connections were open at once for {BATCH} checks: the batch went out in waves",
+        traffic.most_open
+    );
+}
+
+/// The shaper itself: a byte takes half a round trip each way and a new connection's first
+/// request one round trip more, and a paced connection moves no faster than its rate.
+#[test]
+fn the_shaper_delays_and_paces_what_crosses_it() {
+    let server = Server::s3s_fs();
+    let round_trip = Duration::from_millis(100);
+    let shaper = Shaper::start(
+        server.port(),
+        Link {
+            round_trip,
+            per_connection: Some(1 << 20),
+            total: None,
+        },
+    );
+    let bucket = server.new_bucket();
+    let store = with(
+        server.store_json(&bucket),
+        "endpoint_override",
+        json!(shaper.endpoint()),
+    );
+    // A lower bound only: the link may not be faster than it says (never an upper bound,
+    // which a busy machine could break).
+    let tier = Tier::from_json(&tier_json(store, json!({}))).unwrap();
+    let mut pool = Pool::new(2, 1 << 20);
+    pool.fill_random(3);
+    pool.register(&tier);
+    let started = Instant::now();
+    tier.submit(JobKind::Store, 1, &[0], keys(&[0])).unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    let took = started.elapsed();
+    // 1 MiB at 1 MiB/s plus a round trip: at least a second.
+    assert!(
+        took >= Duration::from_secs(1),
+        "a 1 MiB store crossed a 1 MiB/s link in {took:?}"
+    );
+    tier.submit(JobKind::Load, 2, &[1], keys(&[0])).unwrap();
+    assert!(wait_all(&tier, 1)[&2].succeeded());
+    assert_eq!(
+        pool.block(0),
+        pool.block(1),
+        "the block crossed the shaper unchanged"
+    );
+    let traffic = shaper.traffic();
+    assert!(
+        traffic.bytes_up >= 1 << 20 && traffic.bytes_down >= 1 << 20,
+        "{traffic:?}"
+    );
+    assert!(traffic.accepted >= 1);
+}
+
+on_both_servers!(an_existence_batch_is_in_flight_at_once);
