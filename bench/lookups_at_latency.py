@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""bench/lookups_at_latency.py: a scheduler step's existence batch at a remote store's latency.
+
+    tools/venv/bin/python bench/lookups_at_latency.py                 # 0, 5, 20, 50 ms
+    tools/venv/bin/python bench/lookups_at_latency.py --rtt 20 --reps 50
+
+s3s-fs (tools/bin, from scripts/install-tools.sh) behind the project's shaping proxy (the
+`shaper` example, bench/shaper.rs): every exchange waits a round trip, a new connection's
+first request one more. Half of 256 keys are stored; for each round trip, a fresh tier
+through the shaper asks `check_now` for all 256 (every verdict checked), once on new
+connections (cold) and `--reps` times more (warm: its pooled connections), with the
+configured `max_inflight_lookups` (256, the default) and with 64 (the old default) side by
+side. Prints batch times in milliseconds and in round trips, the most connections open
+at once, and the shaper's own CPU; writes bench/results/lookups_latency.md.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("KVTIER_LIBRARY", os.path.join(ROOT, "target", "release", "libkvtier.so"))
+
+import kvtier  # noqa: E402
+
+ACCESS_KEY, SECRET_KEY, BUCKET = "kvtier-bench", "kvtier-bench-secret", "lookups"
+BATCH = 256
+BLOCK = 4096
+
+
+def log(msg):
+    print(f"[lookups] {msg}", file=sys.stderr, flush=True)
+
+
+def start(argv, ready_prefix=None):
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    line = proc.stdout.readline() if ready_prefix else ""
+    if ready_prefix and not line.startswith(ready_prefix):
+        proc.kill()
+        raise SystemExit(f"{argv[0]} did not start: {line!r}")
+    return proc, line
+
+
+def start_s3s_fs(data):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([os.path.join(ROOT, "tools", "bin", "s3s-fs"), "--host", "127.0.0.1", "--port", str(port),
+                             "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, data],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("s3s-fs did not start")
+            time.sleep(0.05)
+
+
+def store_config(port, **extra):
+    store = {"type": "s3", "bucket": BUCKET, "endpoint_override": f"127.0.0.1:{port}", "scheme": "http",
+             "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "region": "us-east-1"}
+    return {"store": store, "prefix": "kv", "namespace": "bench_lookups_r0", **extra}
+
+
+def key(i):
+    return i.to_bytes(8, "big") * 4 + (0).to_bytes(4, "little")
+
+
+def store_half(port):
+    stored = list(range(0, BATCH, 2))
+    with kvtier.Tier(store_config(port)) as tier:
+        pool = bytearray(os.urandom(len(stored) * BLOCK))
+        tier.register_memory(pool, BLOCK)
+        for job, first in enumerate(range(0, len(stored), 16)):
+            ids = stored[first:first + 16]
+            tier.submit_store(job, list(range(first, first + len(ids))), [key(i) for i in ids])
+        done = []
+        deadline = time.monotonic() + 60
+        while len(done) < (len(stored) + 15) // 16:
+            done += tier.poll()
+            assert time.monotonic() < deadline, "stores did not finish"
+            time.sleep(0.01)
+        assert all(o.ok for o in done), [o for o in done if not o.ok]
+
+
+def shaper_stats(shaper):
+    shaper.stdin.write("\n")
+    shaper.stdin.flush()
+    return json.loads(shaper.stdout.readline())
+
+
+def run(port, rtt_ms, inflight, reps):
+    shaper, line = start([os.path.join(ROOT, "target", "release", "examples", "shaper"), "--upstream", str(port),
+                          "--round-trip-ms", str(rtt_ms)], "listening on ")
+    shaped_port = int(line.strip().rsplit(":", 1)[1])
+    keys = [key(i) for i in range(BATCH)]
+    want = [kvtier.LookupResult.HIT if i % 2 == 0 else kvtier.LookupResult.MISS for i in range(BATCH)]
+    times = []
+    try:
+        with kvtier.Tier(store_config(shaped_port, max_inflight_lookups=inflight)) as tier:
+            before = shaper_stats(shaper)
+            for _ in range(reps + 1):
+                t0 = time.perf_counter()
+                got = tier.check_now(keys, timeout=60)
+                times.append(time.perf_counter() - t0)
+                assert got == want, "a verdict differs from the store"
+            after = shaper_stats(shaper)
+    finally:
+        shaper.stdin.close()
+        shaper.wait()
+    cold, warm = times[0] * 1e3, sorted(t * 1e3 for t in times[1:])
+    p = lambda q: warm[min(len(warm) - 1, int(q * len(warm)))]  # noqa: E731
+    in_rtt = (lambda ms: f"{ms / rtt_ms:.1f}") if rtt_ms else (lambda ms: "-")
+    return {"rtt_ms": rtt_ms, "inflight": inflight, "cold_ms": cold, "cold_rtt": in_rtt(cold),
+            "p50_ms": statistics.median(warm), "p50_rtt": in_rtt(statistics.median(warm)), "p99_ms": p(0.99),
+            "most_open": after["most_open"], "accepted": after["accepted"] - before["accepted"],
+            "shaper_cpu_s": after["cpu_s"] - before["cpu_s"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rtt", type=int, nargs="*", default=[0, 5, 20, 50], help="round trips, ms")
+    ap.add_argument("--reps", type=int, default=20, help="warm batches per setting")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "lookups_latency.md"))
+    args = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "-q", "--lib", "--example", "shaper"], cwd=ROOT, check=True)
+    with tempfile.TemporaryDirectory() as data:
+        os.makedirs(os.path.join(data, BUCKET))
+        server, port = start_s3s_fs(data)
+        try:
+            store_half(port)
+            rows = []
+            for rtt in args.rtt:
+                for inflight in (256, 64):
+                    row = run(port, rtt, inflight, args.reps)
+                    log(json.dumps(row))
+                    rows.append(row)
+        finally:
+            server.kill()
+    head = ("| round trip | max_inflight_lookups | cold batch ms (round trips) | warm p50 ms (round trips) | "
+            "warm p99 ms | connections open at most | shaper CPU s |\n|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r['rtt_ms']} ms | {r['inflight']}{' (default)' if r['inflight'] == 256 else ''} | "
+        f"{r['cold_ms']:.0f} ({r['cold_rtt']}) | {r['p50_ms']:.1f} ({r['p50_rtt']}) | {r['p99_ms']:.1f} | "
+        f"{r['most_open']} | {r['shaper_cpu_s']:.2f} |\n" for r in rows)
+    text = (f"256-key `check_now` batches (half present) against s3s-fs behind bench/shaper.rs; "
+            f"{args.reps} warm batches per row.\n\n" + head + body)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
