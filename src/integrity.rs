@@ -33,6 +33,17 @@ pub(crate) fn checksum_append(crc: u32, bytes: &[u8]) -> u32 {
     digest.finalize() as u32
 }
 
+/// The checksum of `a ++ b` from `checksum(a)`, `checksum(b)` and `b`'s length: the
+/// checksum of a block read as parts in parallel.
+pub(crate) fn checksum_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
+    crc_fast::checksum_combine(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        u64::from(crc_a),
+        u64::from(crc_b),
+        len_b as u64,
+    ) as u32
+}
+
 /// How a checksum is recorded: 8 lowercase hex digits.
 pub(crate) fn format_crc(crc: u32) -> String {
     format!("{crc:08x}")
@@ -224,5 +235,18 @@ mod tests {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
         let (a, b) = data.split_at(333);
         assert_eq!(checksum_append(checksum(a), b), checksum(&data));
+    }
+
+    #[test]
+    fn combined_checksums_equal_whole() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
+        for split in [0, 1, 333, 65_536, 99_999, 100_000] {
+            let (a, b) = data.split_at(split);
+            assert_eq!(
+                checksum_combine(checksum(a), checksum(b), b.len()),
+                checksum(&data),
+                "split at {split}"
+            );
+        }
     }
 }

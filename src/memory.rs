@@ -339,6 +339,40 @@ impl BlockSlot {
         })
     }
 
+    /// The slot cut into consecutive parts of `part_len` bytes (the last one shorter), each
+    /// a slot of its own over disjoint bytes, for parts of one object read in parallel. The
+    /// caller must not use `self` until every part is dropped.
+    pub(crate) fn parts(&mut self, part_len: usize) -> Vec<BlockSlot> {
+        let part_len = part_len.max(1);
+        let mut parts = Vec::with_capacity(self.len.div_ceil(part_len));
+        let mut at = 0;
+        while at < self.len {
+            let end = (at + part_len).min(self.len);
+            let mut part = BlockSlot {
+                pieces: Vec::new(),
+                starts: Vec::new(),
+                len: end - at,
+            };
+            let mut i = self.starts.partition_point(|&s| s <= at) - 1;
+            let mut pos = at;
+            while pos < end {
+                let piece = self.pieces[i];
+                let skip = pos - self.starts[i];
+                let n = (piece.len - skip).min(end - pos);
+                part.starts.push(pos - at);
+                part.pieces.push(Piece {
+                    addr: piece.addr + skip,
+                    len: n,
+                });
+                pos += n;
+                i += 1;
+            }
+            parts.push(part);
+            at = end;
+        }
+        parts
+    }
+
     /// The same memory for a blocking thread. The caller must not use `self` until that
     /// thread is done with the returned slot (it awaits the blocking task).
     pub(crate) fn reborrow(&mut self) -> BlockSlot {
@@ -419,5 +453,58 @@ impl MemoryLease {
 impl Default for MemoryLease {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parts of a slot of several pieces cover its bytes in order, each once, and each part
+    /// writes where the slot would.
+    #[test]
+    fn parts_cover_the_slot_in_order() {
+        let mut a = vec![0u8; 10];
+        let mut b = vec![0u8; 7];
+        let mut c = vec![0u8; 13];
+        let memory = BlockMemory::new(
+            [&mut a, &mut b, &mut c]
+                .into_iter()
+                .map(|v| Piece {
+                    addr: v.as_mut_ptr() as usize,
+                    len: v.len(),
+                })
+                .collect(),
+        );
+        // SAFETY: the vectors outlive the slot and nothing else touches them.
+        let mut slot = unsafe { BlockSlot::new(&memory) };
+        let data: Vec<u8> = (1..=30).collect();
+        for part_len in [1, 4, 7, 10, 11, 29, 30, 64] {
+            let mut parts = slot.parts(part_len);
+            assert_eq!(
+                parts.len(),
+                30usize.div_ceil(part_len),
+                "part_len {part_len}"
+            );
+            let mut at = 0;
+            for part in &mut parts {
+                let len = part.len();
+                assert!(len == part_len.min(30 - at), "part_len {part_len} at {at}");
+                assert!(part.write_at(0, &data[at..at + len]));
+                assert!(!part.write_at(1, &data[..len]), "a part ends where it ends");
+                at += len;
+            }
+            assert_eq!(at, 30);
+            drop(parts);
+            assert_eq!(
+                [&a[..], &b[..], &c[..]].concat(),
+                data,
+                "part_len {part_len}"
+            );
+            assert_eq!(slot.checksum(), crate::integrity::checksum(&data));
+            a.fill(0);
+            b.fill(0);
+            c.fill(0);
+        }
     }
 }

@@ -496,6 +496,76 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
 // Faults on both servers
 
 /// A proxy in front of a server the test does not own (a fresh s3s-fs or the shared moto).
+/// A load read as parts (`load_part_bytes`, 4 parts of 1 MiB here): a server that ignores
+/// Range, and a part whose answer is cut, send the whole load to the general client, which
+/// reads it byte-exact; an object of another length fails its key alone as a length
+/// mismatch. Every GET goes through the proxy.
+fn parts_of_a_large_load_fall_back_or_fail_alone(srv: &Server) {
+    const LARGE: usize = 4 << 20;
+    let rig = Front::new(srv);
+    let tier = rig.tier(
+        json!({"load_part_bytes": 1 << 20, "max_retries": 1}),
+        json!({}),
+    );
+    let mut pool = Pool::new(6, LARGE);
+    pool.fill_random(91);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1], keys(&[0, 1]))
+        .unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    // An object of 5 MiB under key 2, written behind the tier's back.
+    oob_put(
+        &rig.store(json!({})),
+        &tier.layout().object_name(&key(2)).unwrap(),
+        random_bytes(5 << 20, 92),
+    );
+
+    let gets = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for (what, fault, job) in [
+        ("Range ignored", Fault::IgnoreRange, 2),
+        ("one part cut", Fault::CutResponse, 3),
+    ] {
+        let before = tier.stats();
+        gets.store(0, std::sync::atomic::Ordering::SeqCst);
+        let counted = gets.clone();
+        rig.proxy.set_rule(move |r| {
+            if r.method != "GET" {
+                return Fault::Pass;
+            }
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match fault {
+                // Only the third of the four parts.
+                Fault::CutResponse if n != 2 => Fault::Pass,
+                fault => fault,
+            }
+        });
+        tier.submit(JobKind::Load, job, &[2, 3], keys(&[0, 1]))
+            .unwrap();
+        let r = wait_all(&tier, 1).remove(&job).unwrap();
+        assert_eq!(r.key_status, vec![Status::Ok; 2], "{what}: {}", r.message);
+        assert_loaded_bytes(&pool, &r, &[2, 3], &[0, 1]);
+        let after = tier.stats();
+        assert!(
+            after.direct_fallbacks > before.direct_fallbacks,
+            "{what}: no load went to the general client: {after:?}"
+        );
+        pool.block_mut(2).fill(0);
+        pool.block_mut(3).fill(0);
+    }
+
+    rig.proxy.set_rule(|_| Fault::Pass);
+    tier.submit(JobKind::Load, 4, &[4, 5], keys(&[2, 0]))
+        .unwrap();
+    let r = wait_all(&tier, 1).remove(&4).unwrap();
+    assert_eq!(
+        r.key_status,
+        vec![Status::LengthMismatch, Status::Ok],
+        "{}",
+        r.message
+    );
+    assert_loaded_bytes(&pool, &r, &[4, 5], &[2, 0]);
+}
+
 struct Front<'a> {
     srv: &'a Server,
     proxy: Proxy,
@@ -724,6 +794,7 @@ fn server_ignoring_range(srv: &Server) {
 }
 
 on_both_servers!(
+    parts_of_a_large_load_fall_back_or_fail_alone,
     one_percent_5xx_and_slowdown_all_jobs_succeed,
     connection_resets_and_cut_bodies_are_retried,
     truncated_bodies_fail_their_key_and_never_succeed,

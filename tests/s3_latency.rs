@@ -94,6 +94,61 @@ fn an_existence_batch_is_in_flight_at_once(srv: &Server) {
     );
 }
 
+/// A load of an object larger than `load_part_bytes` (8 MiB by default) reads its parts on
+/// connections of their own, all at once, through a link that caps each connection:
+/// a 32 MiB block comes down four connections, byte-exact; with parts turned off, one.
+fn a_large_load_comes_down_several_connections(srv: &Server) {
+    const LARGE: usize = 32 << 20;
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    let writer = Tier::from_json(&tier_json(store.clone(), json!({}))).unwrap();
+    let mut pool = Pool::new(3, LARGE);
+    pool.fill_random(23);
+    pool.register(&writer);
+    writer.submit(JobKind::Store, 1, &[0], keys(&[7])).unwrap();
+    assert!(wait_all(&writer, 1)[&1].succeeded());
+
+    let shaper = Shaper::start(
+        srv.port(),
+        Link {
+            round_trip: Duration::from_millis(20),
+            per_connection: Some(100_000_000),
+            total: None,
+        },
+    );
+    for (part_bytes, slot, connections) in [(None, 1, 4), (Some(0), 2, 1)] {
+        let mut through_link = with(store.clone(), "endpoint_override", json!(shaper.endpoint()));
+        if let Some(part_bytes) = part_bytes {
+            through_link["load_part_bytes"] = json!(part_bytes);
+        }
+        let reader = Tier::from_json(&tier_json(through_link, json!({}))).unwrap();
+        // SAFETY: the same pool memory, held by this one load until its result is polled.
+        unsafe { reader.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
+            .unwrap();
+        shaper.reset_carried();
+        let started = Instant::now();
+        reader
+            .submit(JobKind::Load, 2, &[slot], keys(&[7]))
+            .unwrap();
+        let r = wait_all(&reader, 1).remove(&2).unwrap();
+        assert!(r.succeeded(), "{}", r.message);
+        assert!(
+            pool.block(slot) == pool.block(0),
+            "slot {slot} holds other bytes"
+        );
+        let carried = shaper.connections_that_carried(1 << 20);
+        eprintln!(
+            "{}: a 32 MiB load with load_part_bytes {part_bytes:?} took {:?} on {carried} connections",
+            srv.name(),
+            started.elapsed()
+        );
+        assert_eq!(
+            carried, connections,
+            "connections that carried the load (load_part_bytes {part_bytes:?})"
+        );
+    }
+}
+
 /// The shaper itself: a byte takes half a round trip each way and a new connection's first
 /// request one round trip more, and a paced connection moves no faster than its rate.
 #[test]
@@ -144,4 +199,7 @@ fn the_shaper_delays_and_paces_what_crosses_it() {
     assert!(traffic.accepted >= 1);
 }
 
-on_both_servers!(an_existence_batch_is_in_flight_at_once);
+on_both_servers!(
+    an_existence_batch_is_in_flight_at_once,
+    a_large_load_comes_down_several_connections,
+);

@@ -345,6 +345,22 @@ pub struct S3Config {
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     #[schemars(with = "bool")]
     pub direct_http: bool,
+    /// On the direct path, a load of an object larger than this many bytes reads it as
+    /// parts of this size, each a ranged GET on its own connection, all in flight at once,
+    /// each landing in its place in the block; the checksum is still checked over the whole
+    /// block. A remote store caps what one connection moves, so a large object (vLLM chunks
+    /// of several blocks) loads as fast as its parts' connections together. 0: one GET per
+    /// object.
+    #[serde(default = "default_load_part_bytes")]
+    pub load_part_bytes: u64,
+}
+
+/// Smallest `load_part_bytes` (other than 0): smaller parts cost more requests than their
+/// parallelism gains.
+pub(crate) const MIN_LOAD_PART_BYTES: u64 = 1 << 20;
+
+fn default_load_part_bytes() -> u64 {
+    8 << 20
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -637,6 +653,12 @@ impl S3Config {
             self.request_timeout_ms,
             self.max_retries,
         )?;
+        if self.load_part_bytes != 0 && self.load_part_bytes < MIN_LOAD_PART_BYTES {
+            return Err(Error::config(format!(
+                "store.load_part_bytes is {}; it must be 0 (one GET per object) or at least {MIN_LOAD_PART_BYTES}",
+                self.load_part_bytes
+            )));
+        }
         let endpoint = self.endpoint()?;
         if self.use_virtual_addressing {
             // With no endpoint_override the endpoint is AWS's, a DNS name.

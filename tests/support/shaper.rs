@@ -83,6 +83,8 @@ struct Inner {
     open: AtomicU64,
     most_open: AtomicU64,
     bytes: [AtomicU64; 2],
+    /// Bytes each connection carried down, in the order they were accepted.
+    down_by_connection: Mutex<Vec<Arc<AtomicU64>>>,
 }
 
 pub struct Shaper {
@@ -108,6 +110,7 @@ impl Shaper {
             open: AtomicU64::new(0),
             most_open: AtomicU64::new(0),
             bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            down_by_connection: Mutex::new(Vec::new()),
         });
         let (stop, stopped) = watch::channel(false);
         let serving = inner.clone();
@@ -152,6 +155,22 @@ impl Shaper {
         }
     }
 
+    /// How many connections have carried at least `min_bytes` from the server so far.
+    pub fn connections_that_carried(&self, min_bytes: u64) -> usize {
+        let counts = self.inner.down_by_connection.lock().unwrap();
+        counts
+            .iter()
+            .filter(|c| c.load(Ordering::SeqCst) >= min_bytes)
+            .count()
+    }
+
+    /// Forgets what connections carried so far (`connections_that_carried` counts anew).
+    pub fn reset_carried(&self) {
+        for count in self.inner.down_by_connection.lock().unwrap().iter() {
+            count.store(0, Ordering::SeqCst);
+        }
+    }
+
     /// Starts counting the most connections open at once from those open now.
     pub fn reset_most_open(&self) {
         let open = self.inner.open.load(Ordering::SeqCst);
@@ -185,6 +204,12 @@ async fn serve(
         inner.accepted.fetch_add(1, Ordering::SeqCst);
         let open = inner.open.fetch_add(1, Ordering::SeqCst) + 1;
         inner.most_open.fetch_max(open, Ordering::SeqCst);
+        let down = Arc::new(AtomicU64::new(0));
+        inner
+            .down_by_connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(down.clone());
         let inner = inner.clone();
         tokio::spawn(async move {
             if let Ok(server) = TcpStream::connect(inner.upstream).await {
@@ -194,9 +219,10 @@ async fn serve(
                 let (server_read, server_write) = server.into_split();
                 // The handshake's round trip: the first bytes up wait one more round trip.
                 let handshake = inner.link.round_trip;
+                let up = AtomicU64::new(0);
                 tokio::join!(
-                    direction(&inner, 0, client_read, server_write, handshake),
-                    direction(&inner, 1, server_read, client_write, Duration::ZERO),
+                    direction(&inner, 0, client_read, server_write, handshake, &up),
+                    direction(&inner, 1, server_read, client_write, Duration::ZERO, &down),
                 );
             }
             inner.open.fetch_sub(1, Ordering::SeqCst);
@@ -217,6 +243,7 @@ async fn direction(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     first_extra: Duration,
+    carried: &AtomicU64,
 ) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT_CHUNKS);
     let read = async move {
@@ -250,10 +277,13 @@ async fn direction(
                     .book(leaves, chunk.len());
             }
             tokio::time::sleep_until(leaves).await;
+            // Counted before they are written: a client that has read them all finds them
+            // counted.
+            inner.bytes[way].fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            carried.fetch_add(chunk.len() as u64, Ordering::SeqCst);
             if to.write_all(&chunk).await.is_err() {
                 return;
             }
-            inner.bytes[way].fetch_add(chunk.len() as u64, Ordering::SeqCst);
         }
         // The other side finished sending: pass its end on, after its last bytes.
         let _ = to.shutdown().await;

@@ -91,6 +91,8 @@ pub(crate) struct DirectHttp {
     /// The TLS client of an https endpoint.
     tls: Option<Tls>,
     idle: Mutex<Vec<Conn>>,
+    /// Loads of larger objects read parts of this size in parallel; 0: never.
+    load_part_bytes: usize,
 }
 
 impl DirectHttp {
@@ -142,12 +144,14 @@ impl DirectHttp {
             request_timeout: Duration::from_millis(s3.request_timeout_ms),
             tls,
             idle: Mutex::new(Vec::new()),
+            load_part_bytes: usize::try_from(s3.load_part_bytes).unwrap_or(usize::MAX),
         }))
     }
 
     /// GETs bytes `0..dest.len()` of object `name` into `dest`, piece after piece. Returns the CRC32C the
     /// object records (`x-amz-meta-kvtier-crc32c`) and, when `crc` is set, the CRC32C of
-    /// the bytes read. On any error `dest` may hold partial data.
+    /// the bytes read. On any error `dest` may hold partial data. An object larger than
+    /// `load_part_bytes` is read as parts in parallel ([`DirectHttp::get_parts_into`]).
     pub(crate) async fn get_into(
         &self,
         name: &str,
@@ -158,12 +162,90 @@ impl DirectHttp {
             return Err(DirectError::Fallback("empty block".into()));
         }
         let credential = self.credential().await?;
+        if self.load_part_bytes > 0 && dest.len() > self.load_part_bytes {
+            return self.get_parts_into(name, dest, crc, &credential).await;
+        }
+        let object_len = dest.len();
+        let got = self
+            .get_part(name, dest, 0, object_len, crc, &credential)
+            .await?;
+        Ok((got.recorded_crc, got.crc))
+    }
+
+    /// One ranged GET: bytes `start..start + dest.len()` of object `name`, which must be
+    /// `object_len` bytes long, into `dest`.
+    async fn get_part(
+        &self,
+        name: &str,
+        dest: &mut BlockSlot,
+        start: usize,
+        object_len: usize,
+        crc: bool,
+        credential: &AwsCredential,
+    ) -> GetOutcome {
         let request = self
             .target
-            .head(Method::GET, name, Some(dest.len()), &credential)
+            .head(Method::GET, name, Some((start, dest.len())), credential)
             .map_err(DirectError::Fallback)?;
-        self.round_trip(&request, &mut GetInto { dest, crc })
-            .await?
+        let whole = start == 0 && object_len == dest.len();
+        let mut exchange = GetInto {
+            dest,
+            crc,
+            whole,
+            object_len,
+        };
+        self.round_trip(&request, &mut exchange).await?
+    }
+
+    /// [`DirectHttp::get_into`] for an object larger than `load_part_bytes`: each part of
+    /// that size is a ranged GET of its own, all in flight at once (a pooled connection
+    /// each, or a new one), each read straight into its place in `dest`. A remote store
+    /// caps what one connection moves; parts add up. The parts' checksums are combined
+    /// into the whole block's, and every part must come from one version of the object
+    /// (one ETag, one recorded checksum), else the load is asked again through
+    /// `object_store` as one GET.
+    async fn get_parts_into(
+        &self,
+        name: &str,
+        dest: &mut BlockSlot,
+        crc: bool,
+        credential: &AwsCredential,
+    ) -> Result<(Option<u32>, u32), DirectError> {
+        let object_len = dest.len();
+        let part_len = self.load_part_bytes;
+        // SAFETY of the parts (`BlockSlot::parts`): `dest` is not used until they are gone.
+        let parts = dest.parts(part_len);
+        let lens: Vec<usize> = parts.iter().map(BlockSlot::len).collect();
+        let outcomes = futures::future::join_all(parts.into_iter().enumerate().map(
+            |(i, mut part)| async move {
+                self.get_part(name, &mut part, i * part_len, object_len, crc, credential)
+                    .await
+            },
+        ))
+        .await;
+        let mut first: Option<Got> = None;
+        let mut sum = 0;
+        for (outcome, len) in outcomes.into_iter().zip(lens) {
+            let got = outcome?;
+            match &first {
+                None => {
+                    sum = got.crc;
+                    first = Some(got);
+                }
+                Some(first) => {
+                    if got.etag != first.etag || got.recorded_crc != first.recorded_crc {
+                        return Err(DirectError::Fallback(
+                            "the object changed while its parts were read".into(),
+                        ));
+                    }
+                    if crc {
+                        sum = integrity::checksum_combine(sum, got.crc, len);
+                    }
+                }
+            }
+        }
+        let first = first.ok_or_else(|| DirectError::Fallback("no parts".into()))?;
+        Ok((first.recorded_crc, sum))
     }
 
     /// Whether object `name` exists, by HEAD: `Ok(true)` on 200, `Ok(false)` on 404, and
@@ -278,16 +360,19 @@ trait Exchange {
     async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Answer, bool)>;
 }
 
-/// A ranged GET whose body goes into `dest`.
+/// A ranged GET whose body goes into `dest`: the whole object (`whole`), or a part of an
+/// object of `object_len` bytes.
 struct GetInto<'a> {
     dest: &'a mut BlockSlot,
     crc: bool,
+    whole: bool,
+    object_len: usize,
 }
 
 impl Exchange for GetInto<'_> {
     type Answer = GetOutcome;
     async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(GetOutcome, bool)> {
-        get_exchange(conn, request, self.dest, self.crc).await
+        get_exchange(conn, request, self).await
     }
 }
 
@@ -344,16 +429,24 @@ async fn send_and_read_head(
     }
 }
 
-type GetOutcome = Result<(Option<u32>, u32), DirectError>;
+/// What a GET read: the checksum the object records, the CRC32C of the bytes read (when
+/// asked for), and the object's ETag.
+struct Got {
+    recorded_crc: Option<u32>,
+    crc: u32,
+    etag: Option<Vec<u8>>,
+}
 
-/// One GET exchange: the body goes straight into `dest`. Returns the outcome and whether
-/// the connection can be reused.
+type GetOutcome = Result<Got, DirectError>;
+
+/// One GET exchange: the body goes straight into `get.dest`. Returns the outcome and
+/// whether the connection can be reused.
 async fn get_exchange(
     conn: &mut Conn,
     request: &[u8],
-    dest: &mut BlockSlot,
-    crc: bool,
+    get: &mut GetInto<'_>,
 ) -> io::Result<(GetOutcome, bool)> {
+    let (dest, crc) = (&mut *get.dest, get.crc);
     let mut buf = Vec::new();
     let (head, filled) = send_and_read_head(conn, request, &mut buf).await?;
     let length = head.ranged_get_body_length().map_err(io::Error::other)?;
@@ -362,9 +455,30 @@ async fn get_exchange(
         return error_answer(conn, &head, length, early).await;
     }
     let object_size = head.object_size.unwrap_or(length);
-    if length != dest.len() as u64 || object_size != dest.len() as u64 {
-        // Never drain a body of the wrong size into the block; the connection is dropped.
+    if get.whole {
+        if length != dest.len() as u64 || object_size != dest.len() as u64 {
+            // Never drain a body of the wrong size into the block; the connection is dropped.
+            return Ok((Err(DirectError::WrongLength(object_size)), false));
+        }
+    } else if head.status != 206 || head.object_size.is_none() {
+        // A server that ignores Range answers a part with the whole object.
+        return Ok((
+            Err(DirectError::Fallback(format!(
+                "HTTP {} without Content-Range to the GET of a part",
+                head.status
+            ))),
+            false,
+        ));
+    } else if object_size != get.object_len as u64 {
         return Ok((Err(DirectError::WrongLength(object_size)), false));
+    } else if length != dest.len() as u64 {
+        return Ok((
+            Err(DirectError::Fallback(format!(
+                "a {length}-byte body for a part of {} bytes",
+                dest.len()
+            ))),
+            false,
+        ));
     }
     // Bytes beyond the body, already read with the head, belong to no request: the body is
     // whole, but the connection is not reused.
@@ -404,7 +518,12 @@ async fn get_exchange(
         set_receive_low_water(conn, 1);
     }
     let reusable = !head.close && surplus.is_empty();
-    Ok((Ok((head.recorded_crc, sum)), reusable))
+    let got = Got {
+        recorded_crc: head.recorded_crc,
+        crc: sum,
+        etag: head.etag,
+    };
+    Ok((Ok(got), reusable))
 }
 
 /// The SO_RCVLOWAT for a body read with `left` bytes still to come: [`WAKE_BYTES`], or

@@ -96,17 +96,17 @@ impl Target {
         })
     }
 
-    /// A signed request head: `GET` with `Range: bytes=0-(len-1)`, or `HEAD`. The payload
-    /// is declared `UNSIGNED-PAYLOAD`. An `Err` is a reason to leave the request to
-    /// `object_store`.
+    /// A signed request head: `GET` with `Range: bytes=start-(start+len-1)` for a range
+    /// `(start, len)`, or `HEAD`. The payload is declared `UNSIGNED-PAYLOAD`. An `Err` is a
+    /// reason to leave the request to `object_store`.
     pub(super) fn head(
         &self,
         method: Method,
         name: &str,
-        range_len: Option<usize>,
+        range: Option<(usize, usize)>,
         credential: &AwsCredential,
     ) -> Result<Vec<u8>, String> {
-        self.signed_head(method, name, range_len, credential, false, None)
+        self.signed_head(method, name, range, credential, false, None)
     }
 
     /// [`Target::head`], signing the (empty) payload's SHA-256 instead when `sign_payload`,
@@ -115,7 +115,7 @@ impl Target {
         &self,
         method: Method,
         name: &str,
-        range_len: Option<usize>,
+        range: Option<(usize, usize)>,
         credential: &AwsCredential,
         sign_payload: bool,
         crypto: Option<&dyn CryptoProvider>,
@@ -142,9 +142,12 @@ impl Target {
             if self.tls { "https" } else { "http" },
             self.host
         ));
-        if let Some(len) = range_len {
-            let last = len.checked_sub(1).ok_or("an empty range")?;
-            builder = builder.header(header::RANGE, format!("bytes=0-{last}"));
+        if let Some((start, len)) = range {
+            let last = len
+                .checked_sub(1)
+                .and_then(|n| n.checked_add(start))
+                .ok_or("an empty range")?;
+            builder = builder.header(header::RANGE, format!("bytes={start}-{last}"));
         }
         let mut request = builder
             .body(HttpRequestBody::empty())
@@ -319,7 +322,7 @@ mod tests {
             .signed_head(
                 Method::GET,
                 "test.txt",
-                Some(10),
+                Some((0, 10)),
                 &credential(None),
                 true,
                 Some(&PinnedClock),

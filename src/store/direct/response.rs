@@ -24,6 +24,8 @@ pub(super) struct ResponseHead {
     pub(super) object_size: Option<u64>,
     /// The CRC32C recorded with the object (`x-amz-meta-kvtier-crc32c`).
     pub(super) recorded_crc: Option<u32>,
+    /// The object's ETag, as sent: the parts of one load must all come from one version.
+    pub(super) etag: Option<Vec<u8>>,
     /// Whether the server closes the connection after this response.
     pub(super) close: bool,
 }
@@ -101,6 +103,7 @@ pub(super) fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, Malformed> {
         transfer_encoding: false,
         object_size: None,
         recorded_crc: None,
+        etag: None,
         close: false,
     };
     let mut connection = Connection::default();
@@ -122,6 +125,8 @@ pub(super) fn parse(buf: &[u8]) -> Result<Option<ResponseHead>, Malformed> {
                 .ok()
                 .and_then(|v| v.trim().rsplit('/').next())
                 .and_then(|size| decimal(size.as_bytes()));
+        } else if name.eq_ignore_ascii_case("etag") {
+            head.etag = Some(value.trim_ascii().to_vec());
         } else if name.eq_ignore_ascii_case(integrity::CRC_HEADER) {
             head.recorded_crc = std::str::from_utf8(value)
                 .ok()
@@ -204,7 +209,7 @@ mod tests {
     fn a_ranged_answer() {
         let text = "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
                     content-range: bytes 0-9/44\r\nx-amz-meta-kvtier-crc32c: 0000beef\r\n\
-                    Connection: close\r\n\r\nbody";
+                    ETag: \"9b2cf535f27731c974343645a3985328\"\r\nConnection: close\r\n\r\nbody";
         let parsed = accepted(text);
         assert_eq!(
             parsed,
@@ -215,6 +220,7 @@ mod tests {
                 transfer_encoding: false,
                 object_size: Some(44),
                 recorded_crc: Some(0xbeef),
+                etag: Some(b"\"9b2cf535f27731c974343645a3985328\"".to_vec()),
                 close: true,
             }
         );

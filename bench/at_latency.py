@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""bench/lookups_at_latency.py: a scheduler step's existence batch at a remote store's latency.
+"""bench/at_latency.py: existence batches and large loads at a remote store's latency.
 
-    tools/venv/bin/python bench/lookups_at_latency.py                 # 0, 5, 20, 50 ms
-    tools/venv/bin/python bench/lookups_at_latency.py --rtt 20 --reps 50
+    tools/venv/bin/python bench/at_latency.py                 # 0, 5, 20, 50 ms
+    tools/venv/bin/python bench/at_latency.py --rtt 20 --reps 50
 
 s3s-fs (tools/bin, from scripts/install-tools.sh) behind the project's shaping proxy (the
 `shaper` example, bench/shaper.rs): every exchange waits a round trip, a new connection's
@@ -11,7 +11,13 @@ through the shaper asks `check_now` for all 256 (every verdict checked), once on
 connections (cold) and `--reps` times more (warm: its pooled connections), with the
 configured `max_inflight_lookups` (256, the default) and with 64 (the old default) side by
 side. Prints batch times in milliseconds and in round trips, the most connections open
-at once, and the shaper's own CPU; writes bench/results/lookups_latency.md.
+at once, and the shaper's own CPU.
+
+Loads: 8 objects of 32 MiB, 4 loads in flight, through the same link capped at
+`--connection-mbps` (100 MB/s) a connection, with parts (`load_part_bytes`, 8 MiB by
+default) and with one GET per object (`load_part_bytes: 0`) side by side: MiB/s, the
+connections that carried data, and the client's CPU per GiB. Every loaded byte is
+compared with what was stored. Writes bench/results/latency.md.
 """
 
 import argparse
@@ -129,11 +135,72 @@ def run(port, rtt_ms, inflight, reps):
             "shaper_cpu_s": after["cpu_s"] - before["cpu_s"]}
 
 
+LARGE = 32 << 20
+LARGE_COUNT = 8
+
+
+def cpu_s():
+    t = os.times()
+    return t.user + t.system
+
+
+def wait_outcomes(tier, n, deadline_s=300):
+    done, deadline = [], time.monotonic() + deadline_s
+    while len(done) < n:
+        done += tier.poll()
+        assert time.monotonic() < deadline, "jobs did not finish"
+        time.sleep(0.002)
+    return done
+
+
+def store_large(port):
+    data = bytearray(os.urandom(LARGE * LARGE_COUNT))
+    with kvtier.Tier(store_config(port)) as tier:
+        tier.register_memory(data, LARGE)
+        for i in range(LARGE_COUNT):
+            tier.submit_store(i, [i], [key(1000 + i)])
+        assert all(o.ok for o in wait_outcomes(tier, LARGE_COUNT))
+    return data
+
+
+def run_loads(port, stored, rtt_ms, mbps, part_bytes, in_flight=4):
+    shaper, line = start([os.path.join(ROOT, "target", "release", "examples", "shaper"), "--upstream", str(port),
+                          "--round-trip-ms", str(rtt_ms), "--connection-mbps", str(mbps)], "listening on ")
+    shaped_port = int(line.strip().rsplit(":", 1)[1])
+    extra = {} if part_bytes is None else {"load_part_bytes": part_bytes}
+    config = store_config(shaped_port)
+    config["store"].update(extra)
+    try:
+        with kvtier.Tier(config) as tier:
+            dest = bytearray(LARGE * LARGE_COUNT)
+            tier.register_memory(dest, LARGE)
+            before, t0, c0 = shaper_stats(shaper), time.perf_counter(), cpu_s()
+            submitted = finished = 0
+            while finished < LARGE_COUNT:
+                while submitted < LARGE_COUNT and submitted - finished < in_flight:
+                    tier.submit_load(submitted, [submitted], [key(1000 + submitted)])
+                    submitted += 1
+                outcomes = wait_outcomes(tier, 1)
+                assert all(o.ok for o in outcomes), outcomes
+                finished += len(outcomes)
+            took, cpu = time.perf_counter() - t0, cpu_s() - c0
+            after = shaper_stats(shaper)
+            assert dest == stored, "a loaded byte differs from what was stored"
+    finally:
+        shaper.stdin.close()
+        shaper.wait()
+    gib = LARGE * LARGE_COUNT / (1 << 30)
+    return {"rtt_ms": rtt_ms, "parts": "8 MiB (default)" if part_bytes is None else "off (one GET)",
+            "mib_s": LARGE * LARGE_COUNT / (1 << 20) / took, "per_load_s": took * in_flight / LARGE_COUNT,
+            "connections": after["accepted"] - before["accepted"], "cpu_s_per_gib": cpu / gib}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rtt", type=int, nargs="*", default=[0, 5, 20, 50], help="round trips, ms")
     ap.add_argument("--reps", type=int, default=20, help="warm batches per setting")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "lookups_latency.md"))
+    ap.add_argument("--connection-mbps", type=float, default=100, help="per-connection cap for the loads, MB/s")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "latency.md"))
     args = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "--lib", "--example", "shaper"], cwd=ROOT, check=True)
     with tempfile.TemporaryDirectory() as data:
@@ -147,6 +214,13 @@ def main():
                     row = run(port, rtt, inflight, args.reps)
                     log(json.dumps(row))
                     rows.append(row)
+            stored = store_large(port)
+            loads = []
+            for rtt in args.rtt:
+                for part_bytes in (None, 0):
+                    row = run_loads(port, stored, rtt, args.connection_mbps, part_bytes)
+                    log(json.dumps(row))
+                    loads.append(row)
         finally:
             server.kill()
     head = ("| round trip | max_inflight_lookups | cold batch ms (round trips) | warm p50 ms (round trips) | "
@@ -157,6 +231,11 @@ def main():
         f"{r['most_open']} | {r['shaper_cpu_s']:.2f} |\n" for r in rows)
     text = (f"256-key `check_now` batches (half present) against s3s-fs behind bench/shaper.rs; "
             f"{args.reps} warm batches per row.\n\n" + head + body)
+    text += (f"\n{LARGE_COUNT} loads of 32 MiB, 4 in flight, {args.connection_mbps:g} MB/s a connection:\n\n"
+             "| round trip | parts | MiB/s | seconds per load | connections opened | client CPU s/GiB |\n"
+             "|---|---|---|---|---|---|\n")
+    text += "".join(f"| {r['rtt_ms']} ms | {r['parts']} | {r['mib_s']:.0f} | {r['per_load_s']:.2f} | "
+                    f"{r['connections']} | {r['cpu_s_per_gib']:.2f} |\n" for r in loads)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)
