@@ -221,7 +221,9 @@ class AwscrtClient:
         self.a, self.pool = a, pool
         elg = EventLoopGroup()
         bootstrap = ClientBootstrap(elg, DefaultHostResolver(elg))
-        part = max(8 << 20, (pool.block_bytes if pool else 0) + 1)
+        # One request per block unless a part size is given (then objects above it are
+        # split into parts, as awscrt's users get it).
+        part = a.crt_part_bytes or max(8 << 20, (pool.block_bytes if pool else 0) + 1)
         self.client = S3Client(
             bootstrap=bootstrap,
             region=a.region,
@@ -525,6 +527,8 @@ def main():
     p.add_argument("--region", default="us-east-1")
     p.add_argument("--poll-interval-ms", type=float, default=1.0, help="NIXL completion polling period")
     p.add_argument("--crt-target-gbps", type=float, default=10.0, help="awscrt throughput target")
+    p.add_argument("--crt-part-bytes", type=int, default=0,
+                   help="awscrt part size (0: above the block size, one request per block)")
     p.add_argument("--label", default="")
     p.add_argument("--server-pid", type=int, default=0, help="report this process's CPU (from /proc) too")
     a = p.parse_args()

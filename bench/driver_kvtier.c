@@ -186,7 +186,9 @@ static size_t parse_size(const char *s)
 
 
 /* Keeps up to `jobs_in_flight_max` jobs of `kpj` blocks in flight and collects results.
- * Job j moves blocks j*kpj .. (modulo `blocks` when `cycle`), under the same keys. */
+ * Job j moves blocks j*kpj .. under the same keys; when `cycle`, jobs go round the groups
+ * of `kpj` blocks, skipping any group a job still in flight holds (a load needs its blocks
+ * alone, and jobs finish out of order), and a job's id carries its group in its low bits. */
 struct pump {
     kvt_tier *tier;
     int fd, load, cycle;
@@ -196,8 +198,12 @@ struct pump {
     size_t submitted, inflight, done, errors;
     double api_s; /* wall time inside kvt_tier_submit_* and kvt_tier_poll */
     double *lat, *t_submit;
+    unsigned char *group_busy; /* cycle: per group of kpj blocks */
+    size_t next_group;
     char first_error[512];
 };
+
+#define GROUP_BITS 20
 
 static void pump_once(struct pump *x, int wait_ms)
 {
@@ -205,7 +211,18 @@ static void pump_once(struct pump *x, int wait_ms)
     uint8_t kbuf[1024 * KEY_BYTES];
     while (x->inflight < x->jobs_in_flight_max && x->submitted < x->limit) {
         uint64_t job = x->submitted;
-        size_t first = (size_t)(x->cycle ? (job * x->kpj) % x->blocks : job * x->kpj);
+        size_t first = (size_t)(job * x->kpj);
+        if (x->cycle) {
+            size_t groups = x->blocks / x->kpj, g = x->next_group, tried = 0;
+            while (x->group_busy[g] && tried++ < groups)
+                g = (g + 1) % groups;
+            if (x->group_busy[g])
+                break; /* every group is held: wait for a result */
+            x->group_busy[g] = 1;
+            x->next_group = (g + 1) % groups;
+            first = g * x->kpj;
+            job = ((uint64_t)x->submitted << GROUP_BITS) | g;
+        }
         size_t n = x->kpj;
         if (!x->cycle && first + n > x->blocks)
             n = x->blocks - first;
@@ -242,6 +259,8 @@ static void pump_once(struct pump *x, int wait_ms)
     x->api_s += t - a0;
     for (size_t r = 0; r < got; r++) {
         uint64_t id = results[r].job_id;
+        if (x->cycle)
+            x->group_busy[id & ((1u << GROUP_BITS) - 1)] = 0;
         if (x->lat)
             x->lat[id] = t - x->t_submit[id];
         if (results[r].status != KVT_STATUS_OK) {
@@ -316,8 +335,6 @@ int main(int argc, char **argv)
         die("--op must be store, load or exists");
     if (kpj == 0 || kpj > 1024)
         die("--keys-per-job must be 1..1024");
-    if (bg_blocks && bg_blocks < conc)
-        die("--background-load needs at least --concurrency blocks");
     if (block_bytes == 0 || block_bytes % 8 || blocks == 0 || conc == 0 || data_seed > 255 || blocks >= (1u << 28))
         die("block size must be a positive multiple of 8, blocks and concurrency positive, data seed < 256");
 
@@ -379,7 +396,10 @@ int main(int argc, char **argv)
         .limit = is_exists ? SIZE_MAX : njobs, .lat = is_exists ? NULL : lat,
         .t_submit = calloc(is_exists ? 4096 : (njobs ? njobs : 1), sizeof(double)), .cycle = is_exists,
         .step_us = step_us,
+        .group_busy = calloc(xfer_blocks / kpj + 1, 1),
     };
+    if (bg_blocks && (bg_blocks < kpj || bg_blocks / kpj >= (1u << GROUP_BITS)))
+        die("--background-load: between 1 and %u groups of --keys-per-job blocks", (1u << GROUP_BITS) - 1);
     size_t hits_ok = 1;
     char *first_error = x.first_error;
 
