@@ -60,7 +60,8 @@ pub struct TierConfig {
     /// Existence checks in flight at once; a separate budget so lookups never queue
     /// behind bulk transfers. The default lets a scheduler step's batch of 256 keys go out
     /// at once: against a remote store each check costs a round trip, so checks sent in
-    /// waves cost a round trip per wave.
+    /// waves cost a round trip per wave. Each check in flight holds a connection (a file
+    /// descriptor) of its own.
     #[serde(default = "default_inflight_lookups")]
     pub max_inflight_lookups: usize,
     /// S3, Azure and GCS stores: existence checks run on their own I/O thread and HTTP

@@ -197,7 +197,11 @@ async fn serve(
         let client = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => client,
-                Err(_) => continue,
+                // Out of descriptors, say: try again shortly rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
             },
             _ = stopped.changed() => return,
         };
