@@ -495,7 +495,6 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
 // ------------------------------------------------------------------------------------
 // Faults on both servers
 
-/// A proxy in front of a server the test does not own (a fresh s3s-fs or the shared moto).
 /// A load read as parts (`load_part_bytes`, 4 parts of 1 MiB here): a server that ignores
 /// Range, and a part whose answer is cut, send the whole load to the general client, which
 /// reads it byte-exact; an object of another length fails its key alone as a length
@@ -520,19 +519,17 @@ fn parts_of_a_large_load_fall_back_or_fail_alone(srv: &Server) {
         random_bytes(5 << 20, 92),
     );
 
-    let gets = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     for (what, fault, job) in [
         ("Range ignored", Fault::IgnoreRange, 2),
         ("one part cut", Fault::CutResponse, 3),
     ] {
         let before = tier.stats();
-        gets.store(0, std::sync::atomic::Ordering::SeqCst);
-        let counted = gets.clone();
+        let gets = std::sync::atomic::AtomicU64::new(0);
         rig.proxy.set_rule(move |r| {
             if r.method != "GET" {
                 return Fault::Pass;
             }
-            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let n = gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             match fault {
                 // Only the third of the four parts.
                 Fault::CutResponse if n != 2 => Fault::Pass,
@@ -566,6 +563,7 @@ fn parts_of_a_large_load_fall_back_or_fail_alone(srv: &Server) {
     assert_loaded_bytes(&pool, &r, &[4, 5], &[2, 0]);
 }
 
+/// A proxy in front of a server the test does not own (a fresh s3s-fs or the shared moto).
 struct Front<'a> {
     srv: &'a Server,
     proxy: Proxy,

@@ -187,11 +187,9 @@ impl DirectHttp {
             .target
             .head(Method::GET, name, Some((start, dest.len())), credential)
             .map_err(DirectError::Fallback)?;
-        let whole = start == 0 && object_len == dest.len();
         let mut exchange = GetInto {
             dest,
             crc,
-            whole,
             object_len,
         };
         self.round_trip(&request, &mut exchange).await?
@@ -360,12 +358,11 @@ trait Exchange {
     async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Answer, bool)>;
 }
 
-/// A ranged GET whose body goes into `dest`: the whole object (`whole`), or a part of an
-/// object of `object_len` bytes.
+/// A ranged GET whose body goes into `dest`: the whole object of `object_len` bytes (when
+/// `dest` is that long), or a part of it.
 struct GetInto<'a> {
     dest: &'a mut BlockSlot,
     crc: bool,
-    whole: bool,
     object_len: usize,
 }
 
@@ -455,7 +452,7 @@ async fn get_exchange(
         return error_answer(conn, &head, length, early).await;
     }
     let object_size = head.object_size.unwrap_or(length);
-    if get.whole {
+    if dest.len() == get.object_len {
         if length != dest.len() as u64 || object_size != dest.len() as u64 {
             // Never drain a body of the wrong size into the block; the connection is dropped.
             return Ok((Err(DirectError::WrongLength(object_size)), false));
