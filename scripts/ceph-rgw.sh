@@ -13,8 +13,13 @@
 # DIR/env holds RGW_ENDPOINT, RGW_ACCESS_KEY, RGW_SECRET_KEY, RGW_NOLIST_ACCESS_KEY and
 # RGW_NOLIST_SECRET_KEY (shell syntax). Logs are in DIR/log.
 #
-# Traps this avoids: an OSD that updates its own crush location at start sometimes exits
-# ("wrong fsid"), so it is added to the crush map here and its own updates are off;
+# Traps this avoids: an OSD that sends the monitor commands at start (its crush location,
+# its device class) sometimes exits on a fresh machine ("mon_cmd_maybe_osd_create fail:
+# 'wrong fsid'", the command going out before the OSD has the monitor's map), so it is
+# added to the crush map here and both of its own updates are off;
+# a monitor refuses to start when the file system under its data has less than 5% of its
+# size free ("mon data avail crit"), which on a large shared disk can be many free GiB,
+# so that check is off (the cluster's data is in memory);
 # memstore keeps data across an OSD restart only with `osd fast shutdown = false`; the
 # default 32 PGs per pool would exceed the PG limit of a single OSD once radosgw has
 # created its pools.
@@ -64,7 +69,7 @@ wait_for() {
     until "$@" >/dev/null 2>&1; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "ceph-rgw: $what not ready within ${seconds}s; last log lines:" >&2
-            tail -n 30 "$DIR"/log/*.log >&2 2>/dev/null || true
+            tail -n 30 "$DIR"/log/*.log "$DIR"/log/*.out >&2 2>/dev/null || true
             return 1
         fi
         check_children
@@ -76,7 +81,7 @@ PIDS=()
 check_children() {
     local pid
     for pid in "${PIDS[@]}"; do
-        kill -0 "$pid" 2>/dev/null || { echo "ceph-rgw: a daemon (pid $pid) exited during start-up" >&2; tail -n 30 "$DIR"/log/*.log >&2 2>/dev/null || true; exit 1; }
+        kill -0 "$pid" 2>/dev/null || { echo "ceph-rgw: a daemon (pid $pid) exited during start-up" >&2; tail -n 30 "$DIR"/log/*.log "$DIR"/log/*.out >&2 2>/dev/null || true; exit 1; }
     done
 }
 
@@ -145,6 +150,8 @@ osd pool default pgp num = 8
 osd pool default pg autoscale mode = off
 osd crush chooseleaf type = 0
 mon allow pool size one = true
+mon data avail crit = 0
+mon data avail warn = 0
 mon allow pool delete = true
 mon max pg per osd = 1000
 mon warn on pool no redundancy = false
@@ -154,6 +161,7 @@ mon osd backfillfull ratio = .985
 osd objectstore = memstore
 memstore device bytes = 2147483648
 osd crush update on start = false
+osd class update on start = false
 osd fast shutdown = false
 osd max object name len = 460
 osd max object namespace len = 64
