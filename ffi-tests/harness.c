@@ -547,11 +547,12 @@ static void test_status_str(void)
         KVT_STATUS_TIMEOUT,      KVT_STATUS_LENGTH_MISMATCH, KVT_STATUS_CORRUPT,
         KVT_STATUS_AUTH,         KVT_STATUS_PERMISSION_DENIED, KVT_STATUS_BUCKET_NOT_FOUND,
         KVT_STATUS_TLS,          KVT_STATUS_FORKED,          KVT_STATUS_BLOCK_BUSY,
+        KVT_STATUS_UNDECRYPTABLE,
     };
     const size_t n = sizeof codes / sizeof codes[0];
     const char *unknown = kvt_status_str(-1);
     size_t i, j;
-    CHECK(n == 21);
+    CHECK(n == 22);
     for (i = 0; i < n; i++) {
         const char *s = kvt_status_str(codes[i]);
         CHECKF(codes[i] == (int)i, "code %d at position %zu: the ABI numbers are contiguous", codes[i], i);

@@ -148,6 +148,11 @@ typedef enum kvt_status {
   // A block of the job is held by another job whose result has not been polled yet: a
   // load needs its block alone; store jobs may share theirs.
   KVT_STATUS_BLOCK_BUSY = 20,
+  // An encrypted object did not open with the tier's keyring: its key is not in the
+  // ring, or it failed authentication (tampered with, copied under another name, or
+  // not an encrypted object). The key answers MISS and its next store rewrites it; the
+  // object is never deleted for it.
+  KVT_STATUS_UNDECRYPTABLE = 21,
 } kvt_status;
 
 // Direction of a job.
@@ -299,6 +304,10 @@ typedef struct kvt_stats {
   // Uploads the store refused because the body it received failed the request's
   // checksum (damaged in transit); each is sent again, up to max_retries times.
   uint64_t damaged_uploads;
+  // Loads of encrypted objects that did not open with the tier's keyring (a key not in
+  // the ring, or a failed authentication tag: tampered with or copied under another
+  // name); counted apart from corrupt_blocks.
+  uint64_t undecryptable_blocks;
 } kvt_stats;
 
 // A host's log function (NULL for none): `level`, the record's `target` (the Rust

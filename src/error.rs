@@ -55,11 +55,16 @@ pub enum Status {
     /// A block of the job is held by another job whose result has not been polled yet: a
     /// load needs its block alone; store jobs may share theirs.
     BlockBusy = 20,
+    /// An encrypted object did not open with the tier's keyring: its key is not in the
+    /// ring, or it failed authentication (tampered with, copied under another name, or
+    /// not an encrypted object). The key answers MISS and its next store rewrites it; the
+    /// object is never deleted for it.
+    Undecryptable = 21,
 }
 
 impl Status {
     /// Every status, in code order (codes are contiguous from 0).
-    pub const ALL: [Status; 21] = {
+    pub const ALL: [Status; 22] = {
         use Status::*;
         [
             Ok,
@@ -83,6 +88,7 @@ impl Status {
             Tls,
             Forked,
             BlockBusy,
+            Undecryptable,
         ]
     };
 
@@ -128,6 +134,7 @@ impl Status {
             Status::Tls => c"TLS error",
             Status::Forked => c"tier belongs to the parent process",
             Status::BlockBusy => c"block held by another job",
+            Status::Undecryptable => c"object does not open with the keyring",
         }
     }
 

@@ -12,6 +12,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
+mod encryption;
 mod engine;
 pub mod error;
 pub mod ffi;

@@ -190,6 +190,15 @@ pub(crate) struct Piece {
 }
 
 impl Piece {
+    /// A buffer of the engine's own as a piece (the header and tags of an encrypted
+    /// object, read beside the block).
+    pub(crate) fn of(buffer: &mut [u8]) -> Piece {
+        Piece {
+            addr: buffer.as_mut_ptr() as usize,
+            len: buffer.len(),
+        }
+    }
+
     pub(crate) fn end(&self) -> usize {
         self.addr + self.len
     }

@@ -119,6 +119,17 @@ fn with_key(mut config: Value, k: &ConfigKey, value: Value) -> Value {
             .find(|p| p.key == parent && p.store.is_none())
             .map(sample)
             .unwrap_or_else(|| json!({}));
+        // The keyring's sources are alternatives (exactly one): the one being set replaces
+        // the one the parent's sample names.
+        let seed = match seed {
+            Value::Object(fields) if parts[depth + 1].starts_with("keyring_") => Value::Object(
+                fields
+                    .into_iter()
+                    .filter(|(key, _)| !key.starts_with("keyring_"))
+                    .collect(),
+            ),
+            other => other,
+        };
         at = at
             .as_object_mut()
             .unwrap()

@@ -11,6 +11,7 @@ The native library is found through ``KVTIER_LIBRARY``, else the copy bundled by
 from .errors import (
     AuthError,
     BlockBusyError,
+    UndecryptableError,
     BucketNotFoundError,
     CancelledError,
     ConfigError,
@@ -56,6 +57,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AuthError",
     "BlockBusyError",
+    "UndecryptableError",
     "BucketNotFoundError",
     "CancelledError",
     "ConfigError",

@@ -29,6 +29,7 @@ class Status(enum.IntEnum):
     TLS = 18
     FORKED = 19
     BLOCK_BUSY = 20
+    UNDECRYPTABLE = 21
 
 
 #: Every known code's ``Status``: a table, since the binding converts codes per key on the
@@ -138,6 +139,11 @@ class BlockBusyError(KvtierError):
     """A block of the job is held by another job whose result has not been polled."""
 
 
+class UndecryptableError(KvtierError):
+    """An encrypted object did not open with the tier's keyring (a key not in the ring, or
+    a failed authentication tag): the key answers MISS and its next store rewrites it."""
+
+
 _BY_STATUS: dict[int, type[KvtierError]] = {
     Status.NULL_ARGUMENT: NullArgumentError,
     Status.INVALID_ARGUMENT: InvalidArgumentError,
@@ -159,6 +165,7 @@ _BY_STATUS: dict[int, type[KvtierError]] = {
     Status.TLS: TlsError,
     Status.FORKED: ForkedError,
     Status.BLOCK_BUSY: BlockBusyError,
+    Status.UNDECRYPTABLE: UndecryptableError,
 }
 
 

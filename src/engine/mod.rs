@@ -29,6 +29,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
 use crate::config::{StoreConfig, TierConfig};
+use crate::encryption::Encryption;
 use crate::error::{panic_message, Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
 use crate::memory::{
@@ -71,6 +72,8 @@ pub(crate) struct Shared {
     metrics: metrics::Metrics,
     dedup: Dedup,
     events: events::EventQueue,
+    /// Encryption at rest, when configured.
+    encryption: Option<Arc<Encryption>>,
 }
 
 struct Lookups {
@@ -150,6 +153,13 @@ impl Tier {
     pub fn new(config: TierConfig) -> Result<Tier> {
         config.validate()?;
         let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
+        // The keyring before the store: a tier that cannot encrypt does not start.
+        let encryption = config
+            .encryption
+            .as_ref()
+            .map(Encryption::open)
+            .transpose()?
+            .map(Arc::new);
         let (runtime, store) = runtime::runtime_with_store(
             &config.store,
             config.runtime_threads,
@@ -205,7 +215,13 @@ impl Tier {
             stats: stats::Stats::default(),
             metrics: metrics::Metrics::default(),
             events: events::EventQueue::default(),
+            encryption,
         });
+        if let Some(encryption) = &shared.encryption {
+            if let Some(interval) = encryption.refresh_interval() {
+                drop(runtime.spawn(refresh_keyring(encryption.clone(), interval)));
+            }
+        }
         if let Some(eviction) = shared.config.eviction.clone() {
             // On the lookup lane when there is one: listing never competes with transfers.
             let task = eviction::run(shared.clone(), eviction);
@@ -982,5 +998,15 @@ impl Tier {
 impl Drop for Tier {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Reads the keyring again every `interval` (a file read or a command: on a blocking
+/// thread), for as long as the tier's runtime runs.
+async fn refresh_keyring(encryption: Arc<Encryption>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let encryption = encryption.clone();
+        let _ = tokio::task::spawn_blocking(move || encryption.refresh()).await;
     }
 }

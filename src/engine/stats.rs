@@ -81,6 +81,7 @@ counters! {
     evicted_bytes: "Bytes of the blocks this tier's eviction removed.",
     retries: "Requests to the store sent again after a 5xx or 429 answer or a transport error (the storage client's retries and kvtier's own).",
     damaged_uploads: "Uploads the store refused because the body it received failed the request's checksum (damaged in transit); each is sent again, up to max_retries times.",
+    undecryptable_blocks: "Loads of encrypted objects that did not open with the tier's keyring (a key not in the ring, or a failed authentication tag: tampered with or copied under another name); counted apart from corrupt_blocks.",
 }
 
 #[cfg(test)]

@@ -5,14 +5,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use object_store::path::Path;
 use object_store::PutPayload;
 
 use super::jobs::{JobKind, JobResult, KeyBatch};
 use super::Shared;
 use crate::config::{DedupMode, OnCorrupt};
+use crate::encryption::format::segments;
+use crate::encryption::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
 use crate::error::{Error, Result, Status};
-use crate::memory::{BlockMemory, BlockSlot, MemoryLease};
+use crate::memory::{BlockMemory, BlockSlot, MemoryLease, Piece};
 use crate::store::{object_path, Written};
 
 /// Runs one job to its result: every key is attempted, concurrently, within the tier's
@@ -45,16 +48,17 @@ pub(crate) async fn run_job(
         futures::future::join_all(memory.iter().zip(&names).zip(keys.iter()).map(
             |((block, name), key)| async move {
                 match kind {
-                    JobKind::Store => {
-                        store_deduplicated(shared, key, name, lease.payload(block)).await
-                    }
+                    JobKind::Store => store_deduplicated(shared, key, name, block, lease).await,
                     JobKind::Load => {
                         let _permit = shared.transfer_permit().await?;
                         let loaded = load_block(shared, key, name, block).await;
                         if let Err(e) = &loaded {
                             if matches!(
                                 e.status,
-                                Status::NotFound | Status::Corrupt | Status::LengthMismatch
+                                Status::NotFound
+                                    | Status::Corrupt
+                                    | Status::LengthMismatch
+                                    | Status::Undecryptable
                             ) {
                                 shared.dedup.forget(key);
                             }
@@ -123,13 +127,14 @@ async fn store_deduplicated(
     shared: &Shared,
     key: &[u8],
     name: &Path,
-    body: PutPayload,
+    block: &BlockMemory,
+    lease: &MemoryLease,
 ) -> Result<()> {
     let dedup = &shared.dedup;
     let repair = dedup.is_corrupt(key);
     if dedup.mode == DedupMode::Off {
         let _permit = shared.transfer_permit().await?;
-        return store_block(shared, key, name, body, repair).await;
+        return store_block(shared, key, name, block, lease, repair).await;
     }
     if !repair && dedup.is_known(key) {
         shared.stats.dedup_known.fetch_add(1, Ordering::Relaxed);
@@ -145,7 +150,7 @@ async fn store_deduplicated(
         });
     }
     let outcome = match shared.transfer_permit().await {
-        Ok(_permit) => store_block(shared, key, name, body, repair).await,
+        Ok(_permit) => store_block(shared, key, name, block, lease, repair).await,
         Err(e) => Err(e),
     };
     if outcome.is_ok() {
@@ -161,9 +166,16 @@ async fn store_block(
     shared: &Shared,
     key: &[u8],
     name: &Path,
-    body: PutPayload,
+    block: &BlockMemory,
+    lease: &MemoryLease,
     repair: bool,
 ) -> Result<()> {
+    // Encrypted blocks upload a sealed copy (encrypted from the block, segment by
+    // segment); plain ones a view of the caller's memory.
+    let body = match &shared.encryption {
+        Some(encryption) => PutPayload::from(Bytes::from(encryption.seal(name.as_ref(), block))),
+        None => lease.payload(block),
+    };
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;
     let (written, crc) = shared
         .store
@@ -195,9 +207,66 @@ async fn store_block(
 /// the object. `fail_and_delete` deletes the object only when both reads returned the same
 /// bytes (corrupt in the store); two different wrong reads are corruption in transit.
 async fn load_block(shared: &Shared, key: &[u8], name: &Path, block: &BlockMemory) -> Result<()> {
-    // SAFETY: the memory was checked against its pool or region at submit, and this load
-    // job holds it alone until its result is polled (JobTable::hold).
+    let Some(encryption) = &shared.encryption else {
+        return load_object(shared, key, name, block).await;
+    };
+    // An encrypted object lands as it is stored: its header and tags in buffers of their
+    // own, its body straight in the block, which it then decrypts in place.
+    let mut header = Box::new([0u8; HEADER_BYTES]);
+    let mut tags = vec![0u8; TAG_BYTES * segments(block.len())];
+    let object = BlockMemory::new(
+        std::iter::once(Piece::of(&mut header[..]))
+            .chain(block.pieces().iter().copied())
+            .chain(std::iter::once(Piece::of(&mut tags)))
+            .collect(),
+    );
+    load_object(shared, key, name, &object).await.map_err(|e| {
+        if e.status == Status::LengthMismatch {
+            Error::new(
+                e.status,
+                format!(
+                    "{}; with encryption on, a block of {} bytes is an object of {} (an object \
+                     written without encryption is refused)",
+                    e.message,
+                    block.len(),
+                    sealed_len(block.len())
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
+    // SAFETY: as in `load_object`: this load job holds the block alone.
     let mut slot = unsafe { BlockSlot::new(block) };
+    encryption
+        .open_block(name.as_ref(), &header, &tags, &mut slot)
+        .map_err(|e| {
+            shared
+                .stats
+                .undecryptable_blocks
+                .fetch_add(1, Ordering::Relaxed);
+            shared.dedup.mark_corrupt(key);
+            let why = match e {
+                OpenError::NotEncrypted => "it is not an encrypted object".to_string(),
+                OpenError::UnknownKey(id) => format!("its key {id:?} is not in the keyring"),
+                OpenError::TagMismatch => "it failed authentication (tampered with, copied \
+                    under another name, or sealed with another key of the same id)"
+                    .to_string(),
+            };
+            log::warn!("block {name} does not open: {why}");
+            Error::new(
+                Status::Undecryptable,
+                format!("load {name}: the object does not open: {why}"),
+            )
+        })
+}
+
+/// Reads an object into `memory`, verified against its checksum (see `load_block`).
+async fn load_object(shared: &Shared, key: &[u8], name: &Path, memory: &BlockMemory) -> Result<()> {
+    // SAFETY: the memory was checked against its pool or region at submit, and this load
+    // job holds it alone until its result is polled (JobTable::hold); the header and tag
+    // buffers of an encrypted object are the load's own and outlive the slot.
+    let mut slot = unsafe { BlockSlot::new(memory) };
     let first = match read_verified(shared, key, name, &mut slot, true).await {
         Err(e) if e.status == Status::Corrupt => e,
         other => return other,

@@ -145,6 +145,10 @@ pub struct kvt_stats {
     /// Uploads the store refused because the body it received failed the request's
     /// checksum (damaged in transit); each is sent again, up to max_retries times.
     pub damaged_uploads: u64,
+    /// Loads of encrypted objects that did not open with the tier's keyring (a key not in
+    /// the ring, or a failed authentication tag: tampered with or copied under another
+    /// name); counted apart from corrupt_blocks.
+    pub undecryptable_blocks: u64,
 }
 
 impl From<engine::StatsSnapshot> for kvt_stats {
@@ -167,6 +171,7 @@ impl From<engine::StatsSnapshot> for kvt_stats {
             evicted_bytes,
             retries,
             damaged_uploads,
+            undecryptable_blocks,
         })
     }
 }

@@ -1,0 +1,327 @@
+//! Keyrings: the keys a tier encrypts with (one, the write key) and opens with (all of
+//! them), and where they come from. Key material never appears in a message, a log record
+//! or `Debug` output: errors name a key by its id, and a keyring's text by line and column.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use serde::Deserialize;
+
+/// Bytes of a keyring key (AES-256).
+pub(crate) const KEY_BYTES: usize = 32;
+/// Longest key id: ids are stored in each object's header, zero-padded to this.
+pub(crate) const KEY_ID_MAX: usize = 24;
+/// How long a `keyring_command` may run.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest keyring text read from any source.
+const MAX_KEYRING_BYTES: u64 = 1 << 20;
+
+/// A key's id: 1 to 24 of `A-Z a-z 0-9 . _ -`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct KeyId(String);
+
+impl KeyId {
+    pub(crate) fn new(id: &str) -> Option<KeyId> {
+        let valid = !id.is_empty()
+            && id.len() <= KEY_ID_MAX
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        valid.then(|| KeyId(id.to_string()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub(crate) fn padded(&self) -> [u8; KEY_ID_MAX] {
+        let mut out = [0u8; KEY_ID_MAX];
+        out[..self.0.len()].copy_from_slice(self.0.as_bytes());
+        out
+    }
+
+    /// The id a header's zero-padded field holds, if it is one.
+    pub(crate) fn from_padded(padded: &[u8]) -> Option<KeyId> {
+        let len = padded.iter().position(|&b| b == 0).unwrap_or(padded.len());
+        if padded[len..].iter().any(|&b| b != 0) {
+            return None;
+        }
+        KeyId::new(std::str::from_utf8(&padded[..len]).ok()?)
+    }
+}
+
+impl std::fmt::Debug for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// A key, zeroed when dropped.
+pub(crate) struct Secret(pub(crate) [u8; KEY_BYTES]);
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        for byte in &mut self.0 {
+            // SAFETY: a valid, aligned `&mut u8`; volatile so the zeroing is not elided.
+            unsafe { std::ptr::write_volatile(byte, 0) };
+        }
+    }
+}
+
+/// The keys a tier opens objects with, and the one it writes new objects with.
+pub(crate) struct Keyring {
+    write: KeyId,
+    keys: Vec<(KeyId, Secret)>,
+}
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keyring")
+            .field("write", &self.write)
+            .field("ids", &self.ids())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A keyring's text, as JSON: `{"write": "ID", "keys": {"ID": "BASE64 OF 32 BYTES", …}}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyringText {
+    write: String,
+    keys: std::collections::BTreeMap<String, String>,
+}
+
+const KEYRING_FORM: &str = r#"{"write": "ID", "keys": {"ID": "32 bytes in base64", ...}} (ids: 1 to 24 of A-Z a-z 0-9 . _ -)"#;
+
+impl Keyring {
+    /// Parses a keyring's text. Errors never quote the text: it holds keys.
+    pub(crate) fn parse(text: &[u8]) -> Result<Keyring, String> {
+        let parsed: KeyringText = serde_json::from_slice(text).map_err(|e| {
+            format!(
+                "not a keyring (line {}, column {}); expected {KEYRING_FORM}",
+                e.line(),
+                e.column()
+            )
+        })?;
+        let mut keys = Vec::with_capacity(parsed.keys.len());
+        for (id, encoded) in &parsed.keys {
+            let key_id = KeyId::new(id)
+                .ok_or_else(|| format!("key id {id:?} is not 1 to 24 of A-Z a-z 0-9 . _ -"))?;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(encoded.trim())
+                .ok()
+                .filter(|bytes| bytes.len() == KEY_BYTES)
+                .ok_or_else(|| format!("key {id:?} is not {KEY_BYTES} bytes in base64"))?;
+            let mut secret = Secret([0; KEY_BYTES]);
+            secret.0.copy_from_slice(&bytes);
+            keys.push((key_id, secret));
+        }
+        let write = KeyId::new(&parsed.write)
+            .filter(|id| keys.iter().any(|(k, _)| k == id))
+            .ok_or_else(|| {
+                format!(
+                    "the write key {:?} is not one of the keyring's keys",
+                    parsed.write
+                )
+            })?;
+        Ok(Keyring { write, keys })
+    }
+
+    /// The key new objects are sealed with.
+    pub(crate) fn write_key(&self) -> (&KeyId, &[u8; KEY_BYTES]) {
+        let key = self.key(&self.write).expect("the write key is in the ring");
+        (&self.write, key)
+    }
+
+    pub(crate) fn key(&self, id: &KeyId) -> Option<&[u8; KEY_BYTES]> {
+        self.keys.iter().find(|(k, _)| k == id).map(|(_, s)| &s.0)
+    }
+
+    pub(crate) fn ids(&self) -> Vec<&str> {
+        self.keys.iter().map(|(k, _)| k.as_str()).collect()
+    }
+}
+
+/// Where a keyring comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeySource {
+    /// A file holding the keyring's text.
+    File(PathBuf),
+    /// An environment variable holding it.
+    Env(String),
+    /// A command (program and arguments, no shell) that prints it on standard output.
+    Command(Vec<String>),
+}
+
+impl KeySource {
+    /// Reads the keyring. The error says where from and why, never what was read.
+    pub(crate) fn load(&self) -> Result<Keyring, String> {
+        let text = match self {
+            KeySource::File(path) => {
+                let file = std::fs::File::open(path)
+                    .map_err(|e| format!("cannot read the keyring file {}: {e}", path.display()))?;
+                let mut text = Vec::new();
+                file.take(MAX_KEYRING_BYTES)
+                    .read_to_end(&mut text)
+                    .map_err(|e| format!("cannot read the keyring file {}: {e}", path.display()))?;
+                text
+            }
+            KeySource::Env(name) => std::env::var_os(name)
+                .ok_or_else(|| format!("the keyring variable {name} is not set"))?
+                .into_encoded_bytes(),
+            KeySource::Command(argv) => run_command(argv)?,
+        };
+        Keyring::parse(&text).map_err(|e| format!("{}: {e}", self.describe()))
+    }
+
+    /// The source in words, for messages.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            KeySource::File(path) => format!("keyring file {}", path.display()),
+            KeySource::Env(name) => format!("keyring variable {name}"),
+            KeySource::Command(argv) => format!("keyring command {:?}", argv[0]),
+        }
+    }
+
+    /// Whether reading it again can give another keyring (rotation without a restart).
+    pub(crate) fn can_change(&self) -> bool {
+        !matches!(self, KeySource::Env(_))
+    }
+}
+
+/// Runs a keyring command and returns its standard output. Its standard error is not kept:
+/// it could hold key material.
+fn run_command(argv: &[String]) -> Result<Vec<u8>, String> {
+    let program = &argv[0];
+    let mut child = Command::new(program)
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run the keyring command {program:?}: {e}"))?;
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let read = (&mut stdout)
+            .take(MAX_KEYRING_BYTES)
+            .read_to_end(&mut text)
+            .map(|_| text);
+        let _ = done_tx.send(());
+        read
+    });
+    if done_rx.recv_timeout(COMMAND_TIMEOUT).is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = reader.join();
+        return Err(format!(
+            "the keyring command {program:?} did not finish within {} s",
+            COMMAND_TIMEOUT.as_secs()
+        ));
+    }
+    let text = reader
+        .join()
+        .map_err(|_| "the keyring command's reader failed".to_string())?
+        .map_err(|e| format!("cannot read the keyring command {program:?}'s output: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("the keyring command {program:?} could not be waited for: {e}"))?;
+    if !status.success() {
+        return Err(format!("the keyring command {program:?} failed ({status})"));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY_A: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    const KEY_B: &str = "q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJA=";
+
+    #[test]
+    fn parses_a_ring_and_finds_its_keys() {
+        let ring = Keyring::parse(
+            format!(
+                r#"{{"write": "2026-12", "keys": {{"2026-11": "{KEY_A}", "2026-12": "{KEY_B}"}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(ring.write_key().0.as_str(), "2026-12");
+        assert_eq!(ring.write_key().1[0], 0xab);
+        assert_eq!(ring.key(&KeyId::new("2026-11").unwrap()), Some(&[0u8; 32]));
+        assert_eq!(ring.key(&KeyId::new("other").unwrap()), None);
+        assert!(!format!("{ring:?}").contains("171"), "{ring:?}");
+    }
+
+    #[test]
+    fn errors_name_ids_never_keys() {
+        let cases = [
+            format!(r#"{{"write": "a", "keys": {{"a": "{KEY_B}"}}"#),
+            format!(r#"{{"write": "b", "keys": {{"a": "{KEY_B}"}}}}"#),
+            format!(r#"{{"write": "a", "keys": {{"a": "{}"}}}}"#, &KEY_B[..40]),
+            format!(r#"{{"write": "a", "keys": {{"a": 5, "x": "{KEY_B}"}}}}"#),
+            format!(r#"{{"write": "a", "keys": {{"a": "{KEY_B}"}}, "extra": "{KEY_B}"}}"#),
+            format!(r#"{{"write": "a/b", "keys": {{"a/b": "{KEY_B}"}}}}"#),
+            format!(r#"["{KEY_B}"]"#),
+        ];
+        for text in cases {
+            let error = Keyring::parse(text.as_bytes()).unwrap_err();
+            assert!(!error.contains(&KEY_B[..8]), "{error}");
+        }
+    }
+
+    #[test]
+    fn key_ids_fit_the_header() {
+        for bad in ["", "a b", "x/y", "é", &"k".repeat(25)] {
+            assert!(KeyId::new(bad).is_none(), "{bad:?}");
+        }
+        let id = KeyId::new(&"k".repeat(24)).unwrap();
+        assert_eq!(KeyId::from_padded(&id.padded()), Some(id));
+        let short = KeyId::new("v1").unwrap();
+        assert_eq!(KeyId::from_padded(&short.padded()), Some(short));
+        let mut bad = KeyId::new("v1").unwrap().padded();
+        bad[5] = b'x';
+        assert_eq!(KeyId::from_padded(&bad), None);
+    }
+
+    #[test]
+    fn sources_read_files_variables_and_commands() {
+        let text = format!(r#"{{"write": "a", "keys": {{"a": "{KEY_B}"}}}}"#);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ring.json");
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(KeySource::File(path.clone()).load().unwrap().ids(), ["a"]);
+        let missing = KeySource::File(dir.path().join("none")).load().unwrap_err();
+        assert!(
+            missing.contains("cannot read the keyring file"),
+            "{missing}"
+        );
+
+        let command = KeySource::Command(vec!["cat".into(), path.display().to_string()]);
+        assert_eq!(command.load().unwrap().ids(), ["a"]);
+        let failing = KeySource::Command(vec!["false".into()]).load().unwrap_err();
+        assert!(failing.contains("failed"), "{failing}");
+        let absent = KeySource::Command(vec!["/no/such/program".into()])
+            .load()
+            .unwrap_err();
+        assert!(absent.contains("cannot run"), "{absent}");
+        let garbage = KeySource::Command(vec!["echo".into(), KEY_B.into()])
+            .load()
+            .unwrap_err();
+        assert!(
+            garbage.contains("not a keyring") && !garbage.contains(&KEY_B[..8]),
+            "{garbage}"
+        );
+
+        let unset = KeySource::Env("KVTIER_TEST_KEYRING_UNSET".into())
+            .load()
+            .unwrap_err();
+        assert!(unset.contains("not set"), "{unset}");
+    }
+}

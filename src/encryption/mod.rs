@@ -1,0 +1,183 @@
+//! Encryption at rest: every block sealed with AES-256-GCM under a key of the tier's
+//! keyring, bound to its object's name ([`format`]); keyrings and where they come from
+//! ([`keyring`]).
+//!
+//! The AEAD's tags, not the CRC32C, are what prove an encrypted block's bytes: a load that
+//! opens is the block that was sealed under that name. The CRC32C is still recorded and
+//! checked over the object's bytes as stored, where it tells damage in transit (read
+//! again) from an object that does not open (never read again, never deleted: the tier
+//! may merely lack its key).
+
+pub(crate) mod format;
+pub(crate) mod keyring;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::config::EncryptionConfig;
+use crate::error::{Error, Result};
+use crate::memory::{BlockMemory, BlockSlot};
+pub(crate) use format::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
+use keyring::{KeySource, Keyring};
+
+/// A tier's encryption: its keyring (re-read every `refresh_s` where the source can
+/// change) and the source it comes from.
+#[derive(Debug)]
+pub(crate) struct Encryption {
+    source: KeySource,
+    keyring: RwLock<Arc<Keyring>>,
+    refresh: Option<Duration>,
+}
+
+impl Encryption {
+    /// Reads the keyring the configuration names; a configuration error if it cannot.
+    pub(crate) fn open(config: &EncryptionConfig) -> Result<Encryption> {
+        let source = if let Some(path) = &config.keyring_file {
+            KeySource::File(path.clone())
+        } else if let Some(name) = &config.keyring_env {
+            KeySource::Env(name.clone())
+        } else if let Some(argv) = &config.keyring_command {
+            KeySource::Command(argv.clone())
+        } else {
+            return Err(Error::config(
+                "encryption needs exactly one of keyring_file, keyring_env and keyring_command",
+            ));
+        };
+        let keyring = source
+            .load()
+            .map_err(|e| Error::config(format!("encryption: {e}")))?;
+        log::info!(
+            "encryption at rest: {} keys from the {}, writing with {:?}",
+            keyring.ids().len(),
+            source.describe(),
+            keyring.write_key().0
+        );
+        let refresh = (config.refresh_s > 0 && source.can_change())
+            .then(|| Duration::from_secs(config.refresh_s));
+        Ok(Encryption {
+            source,
+            keyring: RwLock::new(Arc::new(keyring)),
+            refresh,
+        })
+    }
+
+    /// The keyring as it is now.
+    pub(crate) fn keyring(&self) -> Arc<Keyring> {
+        self.keyring
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// How often [`refresh`](Self::refresh) should run, if at all.
+    pub(crate) fn refresh_interval(&self) -> Option<Duration> {
+        self.refresh
+    }
+
+    /// Reads the keyring again; a failure keeps the one the tier has. Blocking (a file
+    /// read or a command): run it off the I/O threads.
+    pub(crate) fn refresh(&self) {
+        match self.source.load() {
+            Ok(keyring) => {
+                let old = self.keyring();
+                if old.ids() != keyring.ids() || old.write_key().0 != keyring.write_key().0 {
+                    log::info!(
+                        "encryption: keyring from the {} now has keys {:?}, writing with {:?}",
+                        self.source.describe(),
+                        keyring.ids(),
+                        keyring.write_key().0
+                    );
+                }
+                *self.keyring.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keyring);
+            }
+            Err(e) => log::warn!("encryption: keeping the keyring the tier has: {e}"),
+        }
+    }
+
+    /// Seals a block held by a store job into the object to upload under `name`.
+    pub(crate) fn seal(&self, name: &str, block: &BlockMemory) -> Vec<u8> {
+        format::seal(&self.keyring(), name, &HeldBlock(block))
+    }
+
+    /// Opens, in place, a block whose object's header and tags were read beside it.
+    pub(crate) fn open_block(
+        &self,
+        name: &str,
+        header: &[u8; HEADER_BYTES],
+        tags: &[u8],
+        block: &mut BlockSlot,
+    ) -> std::result::Result<(), OpenError> {
+        format::open(&self.keyring(), name, header, tags, block).map(|_| ())
+    }
+}
+
+/// A block a store job holds: read only, for as long as the job runs.
+struct HeldBlock<'a>(&'a BlockMemory);
+
+impl HeldBlock<'_> {
+    /// The piece holding byte `at`, and where in it.
+    fn locate(&self, at: usize) -> Option<(&[u8], usize)> {
+        let mut start = 0;
+        for piece in self.0.pieces() {
+            if at < start + piece.len {
+                // SAFETY: the memory was checked against its pool or region at submit,
+                // and the store job that holds it reads it until its result is polled;
+                // no load may write it meanwhile (JobTable::hold).
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(piece.addr as *const u8, piece.len) };
+                return Some((bytes, at - start));
+            }
+            start += piece.len;
+        }
+        None
+    }
+}
+
+impl format::Plaintext for HeldBlock<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn copy_to(&self, mut at: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let (piece, skip) = self.locate(at).expect("within the block");
+            let n = (piece.len() - skip).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&piece[skip..skip + n]);
+            done += n;
+            at += n;
+        }
+    }
+
+    fn contiguous(&self, at: usize, len: usize) -> Option<&[u8]> {
+        let (piece, skip) = self.locate(at)?;
+        (piece.len() - skip >= len).then(|| &piece[skip..skip + len])
+    }
+}
+
+impl format::Ciphertext for BlockSlot {
+    fn len(&self) -> usize {
+        BlockSlot::len(self)
+    }
+
+    fn contiguous_mut(&mut self, at: usize, len: usize) -> Option<&mut [u8]> {
+        let bytes = self.rest_at(at, len);
+        (bytes.len() == len).then_some(bytes)
+    }
+
+    fn copy_to(&mut self, mut at: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let bytes = self.rest_at(at, out.len() - done);
+            let n = bytes.len();
+            assert!(n > 0, "read past the end of the block");
+            out[done..done + n].copy_from_slice(bytes);
+            done += n;
+            at += n;
+        }
+    }
+
+    fn copy_from(&mut self, at: usize, data: &[u8]) {
+        assert!(self.write_at(at, data), "write past the end of the block");
+    }
+}
