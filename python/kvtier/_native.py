@@ -99,6 +99,7 @@ STATS_FIELDS = (
     "evicted_bytes",
     "retries",
     "damaged_uploads",
+    "undecryptable_blocks",
 )
 
 

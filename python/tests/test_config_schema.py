@@ -60,7 +60,12 @@ def with_key(store_config: dict, entry: dict, value) -> dict:
     if entry["store"] is None and "." in name:
         parent, child = name.split(".", 1)
         parent_entry = next(e for e in schema_keys() if e["key"] == parent)
-        config.setdefault(parent, dict(sample(parent_entry)))[child] = value
+        seed = dict(sample(parent_entry))
+        if child.startswith("keyring_"):
+            # The keyring's sources are alternatives (exactly one): the one being set
+            # replaces the one the parent's sample names.
+            seed = {k: v for k, v in seed.items() if not k.startswith("keyring_")}
+        config.setdefault(parent, seed)[child] = value
     else:
         config[name] = value
     return config
