@@ -24,6 +24,7 @@ mod redact;
 pub mod store;
 
 pub use config::TierConfig;
+pub use encryption::ObjectOpener;
 pub use engine::{
     choose_evictions, EvictionCandidate, EvictionReason, EvictionReport, JobKind, JobResult,
     KeyBatch, KvEvent, LookupResult, StatsField, StatsSnapshot, Tier, EVENT_MEDIUM,

@@ -195,6 +195,7 @@ on_both_backends!(
     gc_older_than_zero_empties_a_prefix_and_nothing_else,
     verify_finds_the_corrupt_object_and_deletes_it_on_request,
     verify_reports_a_wrong_length_and_samples,
+    verify_tells_undecryptable_objects_from_corrupt_ones,
 );
 
 // ------------------------------------------------------------------------------------
@@ -695,6 +696,82 @@ fn verify_reports_a_wrong_length_and_samples(b: &Backend) {
     let clean = json_run("verify", &config, &["--sample", "2"], 0);
     assert_eq!(clean["read"], 2);
     assert_eq!(clean["corrupt"], json!([]));
+}
+
+/// Encrypted blocks: one corrupted at rest (its recorded checksum fails), one tampered
+/// with and rewritten without a checksum, one overwritten with another block's object:
+/// verify with the keyring reports the first as corrupt and the other two apart, as
+/// undecryptable, and deletes only the corrupt one; without the keyring it sees no
+/// undecryptable objects (it cannot tell).
+fn verify_tells_undecryptable_objects_from_corrupt_ones(b: &Backend) {
+    use kvtier::{JobKind, Tier};
+    let ring_dir = tempfile::tempdir().unwrap();
+    let ring = ring_dir.path().join("keyring.json");
+    std::fs::write(
+        &ring,
+        r#"{"write": "v1", "keys": {"v1": "MDEyMzQ1Njc4OWFiY2RlZmdoaWprbG1ub3BxcnN0dXY="}}"#,
+    )
+    .unwrap();
+    let mut with_keys: Value = serde_json::from_str(&b.config(NS_A)).unwrap();
+    with_keys["encryption"] = json!({"keyring_file": ring});
+    let with_keys = with_keys.to_string();
+    let block = 100_000;
+    let tier = Tier::from_json(&with_keys).unwrap();
+    let mut pool = Pool::new(4, block);
+    pool.fill_random(11);
+    pool.register(&tier);
+    tier.submit(JobKind::Store, 1, &[0, 1, 2, 3], keys(&[1, 2, 3, 4]))
+        .unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    drop(tier);
+    let layout = KeyLayout::new("kv", NS_A).unwrap();
+    let names: Vec<String> = (1..=4)
+        .map(|i| layout.object_name(&key(i)).unwrap())
+        .collect();
+    let clean = json_run("verify", &with_keys, &[], 0);
+    assert_eq!(
+        (clean["good"].as_u64(), clean["read"].as_u64()),
+        (Some(4), Some(4)),
+        "{clean}"
+    );
+
+    corrupt(b, &names[0]);
+    let mut tampered = oob_get(&b.store(), &names[1]).unwrap();
+    tampered[5000] ^= 0x01;
+    oob_put(&b.store(), &names[1], tampered);
+    oob_put(
+        &b.store(),
+        &names[2],
+        oob_get(&b.store(), &names[3]).unwrap(),
+    );
+
+    let found = json_run("verify", &with_keys, &[], 1);
+    assert_eq!(found["good"], 1, "{found}");
+    assert_eq!(names_in(&found["corrupt"]), [names[0].clone()], "{found}");
+    assert_eq!(
+        names_in(&found["undecryptable"]),
+        sorted(&names[1..3]),
+        "{found}"
+    );
+    let out = kvtier_with("verify", &with_keys, &[]);
+    let undecryptable_lines = stdout(&out)
+        .lines()
+        .filter(|l| l.starts_with("UNDECRYPTABLE") && l.contains("failed authentication"))
+        .count();
+    assert_eq!(undecryptable_lines, 2, "{}", stdout(&out));
+
+    let deleted = json_run("verify", &with_keys, &["--delete"], 1);
+    assert_eq!(deleted["corrupt"][0]["deleted"], true, "{deleted}");
+    assert!(!b.exists(&names[0]));
+    assert!(
+        names[1..].iter().all(|n| b.exists(n)),
+        "an undecryptable object was deleted"
+    );
+
+    // Without keys: lengths and checksums only.
+    let without_keys = json_run("verify", &b.config(NS_A), &[], 0);
+    assert_eq!(without_keys["undecryptable"], json!([]), "{without_keys}");
+    assert_eq!(without_keys["read"], 3);
 }
 
 // ------------------------------------------------------------------------------------

@@ -44,7 +44,6 @@ pub(crate) fn sealed_len(len: usize) -> usize {
 }
 
 /// The block's length held by an object of `len` bytes, if an object can have that length.
-#[cfg(test)]
 pub(crate) fn block_len(object_len: usize) -> Option<usize> {
     let rest = object_len.checked_sub(HEADER_BYTES)?;
     // `rest` is the block plus a tag a segment; the number of segments is within one of
@@ -67,6 +66,19 @@ pub(crate) enum OpenError {
     /// A segment failed its authentication tag: tampered with, copied under another name,
     /// or damaged.
     TagMismatch,
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::NotEncrypted => f.write_str("it is not an encrypted object"),
+            OpenError::UnknownKey(id) => write!(f, "its key {id:?} is not in the keyring"),
+            OpenError::TagMismatch => f.write_str(
+                "it failed authentication (tampered with, copied under another name, or \
+                 sealed with another key of the same id)",
+            ),
+        }
+    }
 }
 
 /// A header for a new object under the keyring's write key, with a fresh salt.
@@ -233,11 +245,9 @@ pub(crate) fn open(
     Ok(id)
 }
 
-/// Plain slices as a block (tests).
-#[cfg(test)]
+/// Plain slices as a block (a whole object read into memory, and tests).
 pub(crate) struct Pieces<'a>(pub(crate) Vec<&'a mut [u8]>);
 
-#[cfg(test)]
 impl Pieces<'_> {
     fn locate(&self, at: usize) -> (usize, usize) {
         let mut start = 0;
@@ -251,7 +261,6 @@ impl Pieces<'_> {
     }
 }
 
-#[cfg(test)]
 impl Plaintext for Pieces<'_> {
     fn len(&self) -> usize {
         self.0.iter().map(|p| p.len()).sum()
@@ -273,7 +282,6 @@ impl Plaintext for Pieces<'_> {
     }
 }
 
-#[cfg(test)]
 impl Ciphertext for Pieces<'_> {
     fn len(&self) -> usize {
         Plaintext::len(self)

@@ -111,6 +111,45 @@ impl Encryption {
     }
 }
 
+/// Opens encrypted objects outside a tier, with the keyring an `encryption` configuration
+/// names: what `kvtier verify` checks them with.
+#[derive(Debug)]
+pub struct ObjectOpener {
+    encryption: Encryption,
+}
+
+impl ObjectOpener {
+    /// Reads the keyring the configuration names (a configuration error if it cannot).
+    pub fn new(config: &EncryptionConfig) -> Result<ObjectOpener> {
+        Ok(ObjectOpener {
+            encryption: Encryption::open(config)?,
+        })
+    }
+
+    /// Opens `object`, the whole object stored under `name`, decrypting its body in place:
+    /// the block's length, or why it does not open (never with key material).
+    pub fn open(&self, name: &str, object: &mut [u8]) -> std::result::Result<usize, String> {
+        let len = format::block_len(object.len()).ok_or_else(|| {
+            format!(
+                "its length, {} bytes, is no encrypted block's",
+                object.len()
+            )
+        })?;
+        let (header, rest) = object.split_at_mut(HEADER_BYTES);
+        let header: &[u8; HEADER_BYTES] = (&*header).try_into().expect("the header's length");
+        let (body, tags) = rest.split_at_mut(len);
+        format::open(
+            &self.encryption.keyring(),
+            name,
+            header,
+            tags,
+            &mut format::Pieces(vec![body]),
+        )
+        .map(|_| len)
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// A block a store job holds: read only, for as long as the job runs.
 struct HeldBlock<'a>(&'a BlockMemory);
 

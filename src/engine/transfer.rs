@@ -13,7 +13,7 @@ use super::jobs::{JobKind, JobResult, KeyBatch};
 use super::Shared;
 use crate::config::{DedupMode, OnCorrupt};
 use crate::encryption::format::segments;
-use crate::encryption::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
+use crate::encryption::{sealed_len, HEADER_BYTES, TAG_BYTES};
 use crate::error::{Error, Result, Status};
 use crate::memory::{BlockMemory, BlockSlot, MemoryLease, Piece};
 use crate::store::{object_path, Written};
@@ -246,13 +246,7 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, block: &BlockMemor
                 .undecryptable_blocks
                 .fetch_add(1, Ordering::Relaxed);
             shared.dedup.mark_corrupt(key);
-            let why = match e {
-                OpenError::NotEncrypted => "it is not an encrypted object".to_string(),
-                OpenError::UnknownKey(id) => format!("its key {id:?} is not in the keyring"),
-                OpenError::TagMismatch => "it failed authentication (tampered with, copied \
-                    under another name, or sealed with another key of the same id)"
-                    .to_string(),
-            };
+            let why = e.to_string();
             log::warn!("block {name} does not open: {why}");
             Error::new(
                 Status::Undecryptable,

@@ -493,6 +493,38 @@ impl Store {
         })
     }
 
+    /// Reads the object at `path` whole into memory, checksummed as
+    /// [`check_object`](Self::check_object) does: its bytes and what the read found.
+    pub async fn read_checked_object(&self, path: &Path) -> Result<(Vec<u8>, ObjectCheck)> {
+        let got = answered(self.client.get_opts(path, GetOptions::default()))
+            .await
+            .map_err(|e| op_error("verify", path, &e))?;
+        let len = usize::try_from(got.meta.size).map_err(|_| {
+            Error::new(
+                Status::Io,
+                format!("verify {path}: too large to read whole"),
+            )
+        })?;
+        let mut bytes = vec![0u8; len];
+        let memory = crate::memory::BlockMemory::new(vec![crate::memory::Piece::of(&mut bytes)]);
+        // SAFETY: `bytes` is this function's own and outlives the slot, which is used only
+        // by the read awaited here.
+        let slot = unsafe { BlockSlot::new(&memory) };
+        let read = read_body("verify", path, got, Sink::Block(slot), true).await?;
+        if read.bytes != len as u64 {
+            return Err(Error::new(
+                Status::Io,
+                format!("verify {path}: the object changed while it was read (listed {len} bytes, read {})", read.bytes),
+            ));
+        }
+        let check = ObjectCheck {
+            bytes: read.bytes,
+            recorded: read.recorded,
+            computed: read.computed,
+        };
+        Ok((bytes, check))
+    }
+
     /// Deletes the object at `path`.
     pub async fn delete(&self, path: &Path) -> Result<()> {
         if let Backend::Local { files } = &self.backend {

@@ -1,6 +1,9 @@
 //! `kvtier verify`: reads a tier's objects (all, or an even sample) and checks each one's
 //! length and recorded checksum, as a load would; reports the corrupt ones and, with
-//! `--delete-corrupt`, deletes them.
+//! `--delete-corrupt`, deletes them. With an `encryption` configuration, each object read
+//! is also opened with the keyring: one that does not open (tampered with, copied under
+//! another name, or sealed with a key not in the ring) is reported apart, as
+//! undecryptable, and never deleted (the keyring may merely lack its key).
 //!
 //! The length a namespace's objects must have is `--block-bytes`, or else the size most
 //! of them share (one engine configuration writes one block size per namespace).
@@ -12,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use clap::Args;
 use futures::StreamExt;
 use kvtier::store::{object_path, Store};
-use kvtier::Status;
+use kvtier::{ObjectOpener, Status};
 use serde_json::{json, Value};
 
 use crate::common::{parse_positive, runtime, Failure, StoreArgs};
@@ -52,6 +55,8 @@ enum Read {
         bytes: u64,
         recorded: Option<u32>,
         computed: u32,
+        /// With a keyring: whether the object opened, or why not.
+        opened: Option<Result<(), String>>,
     },
     /// Deleted since the listing (by gc or an engine): nothing to check.
     Gone,
@@ -88,13 +93,26 @@ fn even_sample(len: usize, n: usize) -> Vec<usize> {
     (0..n).map(|i| i * len / n).collect()
 }
 
-/// Reads one object whole through the library, which checksums it as a load does.
-async fn read(store: &Store, name: &str) -> Read {
-    match store.check_object(&object_path(name)).await {
-        Ok(check) => Read::Done {
+/// Reads one object whole through the library, which checksums it as a load does, and
+/// opens it with the keyring when there is one.
+async fn read(store: &Store, name: &str, opener: Option<&ObjectOpener>) -> Read {
+    let path = object_path(name);
+    let read = match opener {
+        None => store.check_object(&path).await.map(|check| (check, None)),
+        Some(opener) => store
+            .read_checked_object(&path)
+            .await
+            .map(|(mut bytes, check)| {
+                let opened = opener.open(name, &mut bytes).map(|_| ());
+                (check, Some(opened))
+            }),
+    };
+    match read {
+        Ok((check, opened)) => Read::Done {
             bytes: check.bytes,
             recorded: check.recorded,
             computed: check.computed,
+            opened,
         },
         Err(e) if e.status == Status::NotFound => Read::Gone,
         Err(e) => Read::Failed(e.message),
@@ -107,6 +125,10 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
     let rt = runtime()?;
     rt.block_on(async {
         let store = crate::common::open_store(&config)?;
+        let opener = match &config.encryption {
+            Some(encryption) => Some(ObjectOpener::new(encryption).map_err(|e| Failure::run(e.message))?),
+            None => None,
+        };
         let mut listed = objects::list(&store, &scope).await?;
         listed.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -151,12 +173,14 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         };
         let mut progress = crate::common::Progress::new("verify");
         let reads = futures::stream::iter(chosen.iter().map(|o| {
-            let store = &store;
-            async move { (*o, read(store, &o.name).await) }
+            let (store, opener) = (&store, opener.as_ref());
+            async move { (*o, read(store, &o.name, opener).await) }
         }))
         .buffer_unordered(args.concurrency);
         futures::pin_mut!(reads);
         let mut corrupt: Vec<Corrupt> = Vec::new();
+        // Objects that do not open with the keyring: never deleted.
+        let mut undecryptable: Vec<(String, String)> = Vec::new();
         let mut errors: Vec<(String, String)> = Vec::new();
         let (mut read_count, mut bytes_read, mut good, mut unverified, mut gone) = (0usize, 0u64, 0usize, 0usize, 0usize);
         let mut read_names = std::collections::HashSet::new();
@@ -166,7 +190,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             match outcome {
                 Read::Gone => gone += 1,
                 Read::Failed(why) => errors.push((object.name.clone(), why)),
-                Read::Done { bytes, recorded, computed } => {
+                Read::Done { bytes, recorded, computed, opened } => {
                     bytes_read += bytes;
                     match (expected_of(&object.name), recorded) {
                         (Some(want), _) if bytes != want => corrupt.push(Corrupt {
@@ -179,8 +203,15 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                             reason: "checksum",
                             detail: format!("recorded CRC32C {recorded:08x}, the bytes read give {computed:08x}"),
                         }),
-                        (_, None) => unverified += 1,
-                        _ => good += 1,
+                        // Damage the checksum would have caught is corruption; past it, the
+                        // keyring's verdict: an object that opens is authenticated, with or
+                        // without a recorded checksum.
+                        _ => match opened {
+                            Some(Err(why)) => undecryptable.push((object.name.clone(), why)),
+                            Some(Ok(())) => good += 1,
+                            None if recorded.is_none() => unverified += 1,
+                            None => good += 1,
+                        },
                     }
                 }
             }
@@ -198,6 +229,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             }
         }
         corrupt.sort_by(|a, b| a.name.cmp(&b.name));
+        undecryptable.sort();
         errors.sort();
 
         let deleted = if args.delete_corrupt && !corrupt.is_empty() {
@@ -228,6 +260,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                     "without_checksum": unverified,
                     "gone": gone,
                     "corrupt": corrupt_json,
+                    "undecryptable": undecryptable.iter().map(|(n, why)| json!({"name": n, "detail": why})).collect::<Vec<_>>(),
                     "errors": all_errors,
                     "problems": ambiguous,
                 })
@@ -236,6 +269,9 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             for c in &corrupt {
                 let fate = if was_deleted(&c.name) { "  (deleted)" } else { "" };
                 println!("CORRUPT  {}  {}: {}{fate}", c.name, c.reason, c.detail);
+            }
+            for (name, why) in &undecryptable {
+                println!("UNDECRYPTABLE  {name}  {why}");
             }
             for (name, why) in &errors {
                 println!("ERROR    {name}  cannot read: {why}");
@@ -247,7 +283,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                 println!("PROBLEM  {problem}");
             }
             println!(
-                "{} objects under {}, {} read ({}): {} good, {} corrupt{}, {} without a checksum (length checked only), {} gone since the listing, {} unreadable",
+                "{} objects under {}, {} read ({}): {} good, {} corrupt{}, {} undecryptable, {} without a checksum (length checked only), {} gone since the listing, {} unreadable",
                 listed.len(),
                 scope.describe(),
                 read_count,
@@ -255,6 +291,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                 good,
                 corrupt.len(),
                 deleted.as_ref().map_or(String::new(), |d| format!(" ({} deleted)", corrupt.iter().filter(|c| d.gone.contains(&c.name)).count())),
+                undecryptable.len(),
                 unverified,
                 gone,
                 errors.len()
@@ -263,6 +300,9 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         let mut problems = Vec::new();
         if !corrupt.is_empty() {
             problems.push(format!("{} corrupt objects", corrupt.len()));
+        }
+        if !undecryptable.is_empty() {
+            problems.push(format!("{} objects do not open with the keyring", undecryptable.len()));
         }
         if !errors.is_empty() {
             problems.push(format!("{} objects could not be read", errors.len()));

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""bench/encryption.py: encryption at rest on against off, side by side.
+
+    bench/encryption.py                 # 2 MiB blocks, 16 in flight, local + sink
+    bench/encryption.py --reps 5 --blocks 512
+
+For each store (the local store on /dev/shm, so the device does not hide the client's
+cost, and the in-memory S3 sink of bench/sink) runs `kvtier bench` (every byte of every
+round trip verified) with and without an `encryption` keyring, interleaved `--reps`
+times, and prints the medians with the cost of encryption: throughput against off
+(target at least 0.85x) and CPU seconds per GiB added (target at most 0.35); writes
+bench/results/encryption.md. The server, the sink and the build are bench/ranges.py's.
+"""
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranges  # noqa: E402  (the sink, the build and one `kvtier bench` run)
+
+ROOT = ranges.ROOT
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--blocks", type=int, default=256)
+    ap.add_argument("--block-size", default="2M")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--stores", default="local,sink")
+    args = ap.parse_args()
+    ranges.build()
+    stores = args.stores.split(",")
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    tmp = tempfile.mkdtemp(prefix="kvbench-encryption-", dir=base)
+    keyring = os.path.join(tmp, "keyring.json")
+    with open(keyring, "w") as f:
+        json.dump({"write": "bench", "keys": {"bench": base64.b64encode(os.urandom(32)).decode()}}, f)
+    sink = None
+    rows = {}
+    try:
+        if "sink" in stores:
+            sink, port = ranges.start_sink()
+        stores_config = {
+            "local": {"type": "local", "path": os.path.join(tmp, "store")},
+            "sink": {"type": "s3", "bucket": ranges.BUCKET, "endpoint_override": f"127.0.0.1:{port}" if sink else "",
+                     "scheme": "http", "access_key": ranges.ACCESS_KEY, "secret_key": ranges.SECRET_KEY,
+                     "region": "us-east-1"},
+        }
+        variants = ["off", "on"]
+        for rep in range(args.reps):
+            # Rotated each repetition, so that drift on the machine hits both alike.
+            order = variants[rep % 2:] + variants[:rep % 2]
+            for store in stores:
+                for variant in order:
+                    config = {"store": stores_config[store], "dedup": "off"}
+                    if variant == "on":
+                        config["encryption"] = {"keyring_file": keyring}
+                    ranges.log(f"rep {rep + 1}/{args.reps}: {store}, encryption {variant}")
+                    phases = ranges.run(config, 1, args)
+                    for phase in ("store", "load"):
+                        rows.setdefault((store, phase, variant), []).append(phases[phase])
+    finally:
+        if sink is not None:
+            os.killpg(sink.pid, 15)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    lines = [f"# Encryption at rest on against off ({args.block_size} blocks, {args.concurrency} in flight, "
+             f"{args.blocks} blocks, median of {args.reps})", "",
+             "| store | phase | encryption | MiB/s | CPU s/GiB | MiB/s vs off | CPU s/GiB added | target met |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    failed = []
+    for store in stores:
+        for phase in ("store", "load"):
+            med = {v: (statistics.median(r["mib_s"] for r in rows[(store, phase, v)]),
+                       statistics.median(r["cpu_s_per_gib"] for r in rows[(store, phase, v)])) for v in ("off", "on")}
+            (off_mib, off_cpu), (on_mib, on_cpu) = med["off"], med["on"]
+            ok = on_mib >= 0.85 * off_mib and on_cpu - off_cpu <= 0.35
+            if not ok:
+                failed.append(f"{store} {phase}")
+            lines.append(f"| {store} | {phase} | off | {off_mib:.0f} | {off_cpu:.3f} | | | |")
+            lines.append(f"| {store} | {phase} | on | {on_mib:.0f} | {on_cpu:.3f} | {on_mib / off_mib:.2f}x | "
+                         f"{on_cpu - off_cpu:+.3f} | {'yes' if ok else 'NO'} |")
+    lines += ["", "Targets (at least 0.85x the throughput, at most 0.35 CPU s/GiB added): "
+              f"{'all met' if not failed else 'missed by ' + ', '.join(failed)}.",
+              f"Machine: {os.cpu_count()} CPUs; `kvtier bench` with checksums on, dedup off, every byte verified; "
+              "AES-256-GCM in 64 KiB segments (aws-lc-rs)."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "bench", "results", "encryption.md"), "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
