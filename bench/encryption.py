@@ -73,24 +73,28 @@ def main():
 
     lines = [f"# Encryption at rest on against off ({args.block_size} blocks, {args.concurrency} in flight, "
              f"{args.blocks} blocks, median of {args.reps})", "",
-             "| store | phase | encryption | MiB/s | CPU s/GiB | MiB/s vs off | CPU s/GiB added | target met |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
-    failed = []
+             "| store | phase | encryption | MiB/s | CPU s/GiB | MiB/s vs off | CPU s/GiB added | "
+             "CPU target (<= +0.35) | throughput target (>= 0.85x) |",
+             "|---|---|---|---:|---:|---:|---:|---|---|"]
+    missed = {"CPU": [], "throughput": []}
     for store in stores:
         for phase in ("store", "load"):
             med = {v: (statistics.median(r["mib_s"] for r in rows[(store, phase, v)]),
                        statistics.median(r["cpu_s_per_gib"] for r in rows[(store, phase, v)])) for v in ("off", "on")}
             (off_mib, off_cpu), (on_mib, on_cpu) = med["off"], med["on"]
-            ok = on_mib >= 0.85 * off_mib and on_cpu - off_cpu <= 0.35
-            if not ok:
-                failed.append(f"{store} {phase}")
-            lines.append(f"| {store} | {phase} | off | {off_mib:.0f} | {off_cpu:.3f} | | | |")
+            cpu_ok, mib_ok = on_cpu - off_cpu <= 0.35, on_mib >= 0.85 * off_mib
+            for target, ok in (("CPU", cpu_ok), ("throughput", mib_ok)):
+                if not ok:
+                    missed[target].append(f"{store} {phase}")
+            lines.append(f"| {store} | {phase} | off | {off_mib:.0f} | {off_cpu:.3f} | | | | |")
             lines.append(f"| {store} | {phase} | on | {on_mib:.0f} | {on_cpu:.3f} | {on_mib / off_mib:.2f}x | "
-                         f"{on_cpu - off_cpu:+.3f} | {'yes' if ok else 'NO'} |")
-    lines += ["", "Targets (at least 0.85x the throughput, at most 0.35 CPU s/GiB added): "
-              f"{'all met' if not failed else 'missed by ' + ', '.join(failed)}.",
-              f"Machine: {os.cpu_count()} CPUs; `kvtier bench` with checksums on, dedup off, every byte verified; "
-              "AES-256-GCM in 64 KiB segments (aws-lc-rs)."]
+                         f"{on_cpu - off_cpu:+.3f} | {'met' if cpu_ok else 'MISSED'} | {'met' if mib_ok else 'MISSED'} |")
+    lines.append("")
+    for target, where in missed.items():
+        lines.append(f"{target} target: {'met everywhere' if not where else 'missed by ' + ', '.join(where)}.")
+    lines += ["", f"Machine: {os.cpu_count()} CPUs, shared by `kvtier bench` and the sink: throughput here is "
+              "bounded by CPU, so it falls as CPU per GiB rises. `kvtier bench` with checksums on, dedup off, "
+              "every byte verified; AES-256-GCM in 64 KiB segments (aws-lc-rs)."]
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)

@@ -256,6 +256,43 @@ def test_a_truncated_object_fails_only_its_chunk(engines, store):
     assert reader.lookup(keys[1], "r") is LookupResult.MISS
 
 
+def test_an_encrypted_tier_round_trips_and_others_miss(engines, store, tmp_path):
+    """The ``encryption`` block in vLLM's ``store_config``: chunks sealed by one engine are
+    promoted byte-exact by another with the keyring; an engine without encryption, and one
+    whose keyring lacks the key, get MISS (never the bytes), and the latter counts them."""
+    import base64
+    import json
+    import os
+
+    def ring(path, key_id):
+        path.write_text(json.dumps({"write": key_id, "keys": {key_id: base64.b64encode(os.urandom(32)).decode()}}))
+        return {"keyring_file": str(path)}
+
+    sealed = ring(tmp_path / "ring.json", "v1")
+    stranger = ring(tmp_path / "other.json", "v1")
+
+    def encrypted(encryption):
+        return engines(entry={"store_config": dict(store.store_config, encryption=encryption)})
+
+    writer = encrypted(sealed)
+    keys = [chunk_key(i, "sealed") for i in range(3)]
+    blocks = blocks_for(writer, keys)
+    writer.store("w", blocks)
+    writer.settle()
+    assert kvtier_tier(writer).kvtier_stats()["keys_stored"] == 3
+
+    reader = encrypted(sealed)
+    assert set(reader.promote(keys, "r").values()) == {LookupResult.HIT}
+    for key, row in zip(keys, reader.read(keys, "r")):
+        assert np.array_equal(row, blocks[key])
+
+    plain = engines()
+    assert set(plain.promote(keys, "p").values()) == {LookupResult.MISS}
+    wrong_key = encrypted(stranger)
+    assert set(wrong_key.promote(keys, "s").values()) == {LookupResult.MISS}
+    assert kvtier_tier(wrong_key).kvtier_stats()["undecryptable_blocks"] == 3
+
+
 def test_reset_cache_drains_the_tier_and_loses_nothing(engines):
     writer = engines()
     keys = [chunk_key(i, "reset") for i in range(24)]

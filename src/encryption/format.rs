@@ -150,13 +150,26 @@ pub(crate) trait Plaintext {
 }
 
 /// Seals a block into a new object under `name` with the keyring's write key.
+#[cfg(test)]
 pub(crate) fn seal(keyring: &Keyring, name: &str, block: &impl Plaintext) -> Vec<u8> {
+    let mut object = vec![0u8; sealed_len(block.len())];
+    seal_into(keyring, name, block, &mut object);
+    object
+}
+
+/// Seals a block into `object`, which must be [`sealed_len`] bytes; every byte of it is
+/// written.
+pub(crate) fn seal_into(keyring: &Keyring, name: &str, block: &impl Plaintext, object: &mut [u8]) {
     let (id, master) = keyring.write_key();
     let len = block.len();
+    assert_eq!(
+        object.len(),
+        sealed_len(len),
+        "an object buffer of the sealed length"
+    );
     let header = new_header(id);
     let key = object_key(master, &header);
     let mut aad = SegmentAad::new(name, len, &header);
-    let mut object = vec![0u8; sealed_len(len)];
     object[..HEADER_BYTES].copy_from_slice(&header);
     let (body, tags) = object[HEADER_BYTES..].split_at_mut(len);
     let mut scratch = Vec::new();
@@ -181,7 +194,6 @@ pub(crate) fn seal(keyring: &Keyring, name: &str, block: &impl Plaintext) -> Vec
         )
         .expect("buffers of the segment's length");
     }
-    object
 }
 
 /// The object's bytes after the header, landed in caller memory, as a load opens them.

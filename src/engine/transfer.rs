@@ -5,7 +5,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use object_store::path::Path;
 use object_store::PutPayload;
 
@@ -173,7 +172,7 @@ async fn store_block(
     // Encrypted blocks upload a sealed copy (encrypted from the block, segment by
     // segment); plain ones a view of the caller's memory.
     let body = match &shared.encryption {
-        Some(encryption) => PutPayload::from(Bytes::from(encryption.seal(name.as_ref(), block))),
+        Some(encryption) => PutPayload::from(encryption.seal(name.as_ref(), block)),
         None => lease.payload(block),
     };
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;

@@ -1540,7 +1540,7 @@ mod tests {
                 .unwrap();
             assert_eq!(text, s.as_str());
         }
-        assert!(status_from_int(21).is_none());
+        assert!(status_from_int(22).is_none());
         assert_eq!(
             // SAFETY: kvt_status_str returns a static NUL-terminated string for any code.
             unsafe { CStr::from_ptr(kvt_status_str(-1)) }
