@@ -43,7 +43,6 @@ def main():
     with open(keyring, "w") as f:
         json.dump({"write": "bench", "keys": {"bench": base64.b64encode(os.urandom(32)).decode()}}, f)
     sink = None
-    rows = {}
     try:
         if "sink" in stores:
             sink, port = ranges.start_sink()
@@ -53,19 +52,14 @@ def main():
                      "scheme": "http", "access_key": ranges.ACCESS_KEY, "secret_key": ranges.SECRET_KEY,
                      "region": "us-east-1"},
         }
-        variants = ["off", "on"]
-        for rep in range(args.reps):
-            # Rotated each repetition, so that drift on the machine hits both alike.
-            order = variants[rep % 2:] + variants[:rep % 2]
-            for store in stores:
-                for variant in order:
-                    config = {"store": stores_config[store], "dedup": "off"}
-                    if variant == "on":
-                        config["encryption"] = {"keyring_file": keyring}
-                    ranges.log(f"rep {rep + 1}/{args.reps}: {store}, encryption {variant}")
-                    phases = ranges.run(config, 1, args)
-                    for phase in ("store", "load"):
-                        rows.setdefault((store, phase, variant), []).append(phases[phase])
+
+        def run_one(store, variant):
+            config = {"store": stores_config[store], "dedup": "off"}
+            if variant == "on":
+                config["encryption"] = {"keyring_file": keyring}
+            return ranges.run(config, 1, args)
+
+        rows = ranges.interleaved(args, stores, ["off", "on"], run_one)
     finally:
         if sink is not None:
             os.killpg(sink.pid, 15)

@@ -75,6 +75,23 @@ def run(config, n, args):
     return {p["phase"]: p for p in report["phases"]}
 
 
+def interleaved(args, stores, variants, run_one):
+    """Runs `run_one(store, variant)` (a `run`'s phases) for every store and variant,
+    `args.reps` times, the variants' order rotated each repetition so that drift on the
+    machine hits each alike; returns {(store, phase, variant): [phase reports]} for the
+    store and load phases."""
+    rows = {}
+    for rep in range(args.reps):
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        for store in stores:
+            for variant in order:
+                log(f"rep {rep + 1}/{args.reps}: {store}, {variant}")
+                phases = run_one(store, variant)
+                for phase in ("store", "load"):
+                    rows.setdefault((store, phase, variant), []).append(phases[phase])
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranges", default="1,2,64")
@@ -91,7 +108,6 @@ def main():
     stores = args.stores.split(",")
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     tmp = tempfile.mkdtemp(prefix="kvbench-ranges-", dir=base)
-    rows = {}
     try:
         if "sink" in stores:
             sink, port = start_sink()
@@ -101,15 +117,7 @@ def main():
                                "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
                                "region": "us-east-1"}, "dedup": "off"},
         }
-        for rep in range(args.reps):
-            # Rotated each repetition, so that drift on the machine hits every N alike.
-            order = counts[rep % len(counts):] + counts[:rep % len(counts)]
-            for store in stores:
-                for n in order:
-                    log(f"rep {rep + 1}/{args.reps}: {store}, {n} range(s) per block")
-                    phases = run(configs[store], n, args)
-                    for phase in ("store", "load"):
-                        rows.setdefault((store, phase, n), []).append(phases[phase])
+        rows = interleaved(args, stores, counts, lambda store, n: run(configs[store], n, args))
     finally:
         if sink is not None:
             os.killpg(sink.pid, 15)
