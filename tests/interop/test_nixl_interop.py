@@ -38,6 +38,7 @@ SECRET_KEY = "kvtier-interop-secret-Pq31"
 
 KVT_OK = 0
 KVT_NOT_FOUND = 6
+KVT_LENGTH_MISMATCH = 13
 KVT_STORE = 0
 KVT_LOAD = 1
 
@@ -348,6 +349,41 @@ def test_kvtier_stores_nixl_reads(server):
     assert nixl.read(rows, keys) == "DONE"
     for i in range(8):
         assert np.array_equal(pool[16 + i], pool[i]), f"key {i}: NIXL read different bytes than kvtier stored"
+
+
+def test_an_encrypted_bucket_and_nixls_plain_objects_do_not_mix(server, tmp_path):
+    """With encryption on, kvtier refuses the plain objects NIXL (vLLM's obj tier) wrote,
+    by their length, and never loads their bytes; and what NIXL reads of kvtier's encrypted
+    objects is ciphertext, never the blocks: an encrypted bucket is not theirs to read."""
+    import base64
+
+    lib = load_library()
+    rng = np.random.default_rng(2026)
+    bucket = server.new_bucket()
+    pool = rng.integers(0, 256, size=(24, BLOCK), dtype=np.uint8)
+    plain_keys, sealed_keys = random_keys(rng, 4), random_keys(rng, 4)
+    nixl = Nixl(server, bucket, pool)
+    assert nixl.write(list(range(4)), plain_keys) == "DONE"
+
+    ring = tmp_path / "keyring.json"
+    ring.write_text(json.dumps({"write": "k", "keys": {"k": base64.b64encode(rng.bytes(32)).decode()}}))
+    config = dict(kvtier_config(server, bucket), encryption={"keyring_file": str(ring)})
+    tier = Tier(lib, config)
+    try:
+        tier.register(pool)
+        status, key_status, message = tier.run(KVT_LOAD, 1, [8, 9, 10, 11], plain_keys)
+        assert key_status == [KVT_LENGTH_MISMATCH] * 4, message
+        assert "without encryption is refused" in message, message
+        assert not any(np.array_equal(pool[8 + i], pool[i]) for i in range(4)), "a plain object's bytes were loaded"
+        status, key_status, message = tier.run(KVT_STORE, 2, [4, 5, 6, 7], sealed_keys)
+        assert key_status == [KVT_OK] * 4, message
+    finally:
+        tier.close()
+
+    pool[16:20] = 0
+    nixl.read([16, 17, 18, 19], sealed_keys)
+    for i in range(4):
+        assert not np.array_equal(pool[16 + i], pool[4 + i]), f"NIXL read key {i}'s block from an encrypted bucket"
 
 
 def test_both_write_the_same_server_side_names(server):
