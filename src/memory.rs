@@ -190,8 +190,7 @@ pub(crate) struct Piece {
 }
 
 impl Piece {
-    /// A buffer of the engine's own as a piece (the header and tags of an encrypted
-    /// object, read beside the block).
+    /// A buffer of the engine's own as a piece (a whole object read into memory).
     pub(crate) fn of(buffer: &mut [u8]) -> Piece {
         Piece {
             addr: buffer.as_mut_ptr() as usize,
@@ -201,6 +200,52 @@ impl Piece {
 
     pub(crate) fn end(&self) -> usize {
         self.addr + self.len
+    }
+}
+
+/// A buffer of the engine's own that a load reads into beside a block (an encrypted
+/// object's header and tags). Every slot over it holds it: a blocking read that outlives
+/// its load (a shutdown past its grace period, a panic in another key of the job) writes
+/// into live memory, never into freed memory.
+pub(crate) struct OwnedBuffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain heap memory owned by this value; it is written only through
+// the slot of the one load that made it, and read only after that load's reads returned.
+unsafe impl Send for OwnedBuffer {}
+unsafe impl Sync for OwnedBuffer {}
+
+impl OwnedBuffer {
+    pub(crate) fn new(len: usize) -> Arc<OwnedBuffer> {
+        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()) as *mut u8;
+        Arc::new(OwnedBuffer { ptr, len })
+    }
+
+    pub(crate) fn piece(&self) -> Piece {
+        Piece {
+            addr: self.ptr as usize,
+            len: self.len,
+        }
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// No read into the buffer may be in progress: the load that made it has awaited
+    /// every read of its slot.
+    pub(crate) unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes; no writer, per the contract.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for OwnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `len` came from `Box::into_raw` of a boxed slice in `new`, and
+        // no slot holds the buffer any more (each holds an `Arc` of it).
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
     }
 }
 
@@ -234,6 +279,9 @@ pub(crate) struct BlockSlot {
     /// Where each piece starts in the object.
     starts: Vec<usize>,
     len: usize,
+    /// The engine's own buffers among the pieces, kept alive by the slot (and every slot
+    /// made from it).
+    keep_alive: Vec<Arc<OwnedBuffer>>,
 }
 
 // SAFETY: a slot is created only for memory that one load job holds alone (see
@@ -257,7 +305,20 @@ impl BlockSlot {
             pieces: memory.pieces.clone(),
             starts,
             len: memory.len,
+            keep_alive: Vec::new(),
         }
+    }
+
+    /// A slot over `memory`, some of whose pieces are the engine's own `buffers`, which
+    /// the slot keeps alive.
+    ///
+    /// # Safety
+    /// As [`BlockSlot::new`], for the pieces that are not `buffers`'.
+    pub(crate) unsafe fn with_buffers(memory: &BlockMemory, buffers: &[Arc<OwnedBuffer>]) -> Self {
+        // SAFETY: the caller's contract.
+        let mut slot = unsafe { BlockSlot::new(memory) };
+        slot.keep_alive = buffers.to_vec();
+        slot
     }
 
     /// A slot over a buffer of the caller's (tests of the store paths).
@@ -361,6 +422,7 @@ impl BlockSlot {
                 pieces: Vec::new(),
                 starts: Vec::new(),
                 len: end - at,
+                keep_alive: self.keep_alive.clone(),
             };
             let mut i = self.starts.partition_point(|&s| s <= at) - 1;
             let mut pos = at;
@@ -389,6 +451,7 @@ impl BlockSlot {
             pieces: self.pieces.clone(),
             starts: self.starts.clone(),
             len: self.len,
+            keep_alive: self.keep_alive.clone(),
         }
     }
 }

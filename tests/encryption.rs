@@ -210,7 +210,9 @@ fn each_bad_object_fails_alone(store: &Value) {
     assert!(stored.succeeded(), "{}", stored.message);
 
     // Behind the tiers' backs, as a writer of the bucket: 31 tampered, 32 cut short, 33
-    // overwritten with 30's object.
+    // overwritten with 30's object. Out-of-band writes record no checksum, so the loads
+    // below meet these objects' tags, not their CRC32C (a recorded checksum would send
+    // 31 down the corrupt path).
     let mut tampered = oob_get(store, &name(&writer, 31)).unwrap();
     tampered[BLOCK / 2] ^= 0x01;
     oob_put(store, &name(&writer, 31), tampered);
@@ -298,6 +300,16 @@ fn plain_and_encrypted_refuse_each_other(store: &Value) {
         "{}",
         refused.message
     );
+    // The plain object answers MISS from then on, and the encrypted tier's next store
+    // rewrites it (a conditional PUT would otherwise leave it in place), which then loads.
+    assert_eq!(
+        resolve_lookup(&sealed_tier, 1, &key(40)),
+        LookupResult::Miss
+    );
+    sealed_tier.schedule_end().unwrap();
+    assert!(run(&sealed_tier, JobKind::Store, 3, &[0], &[40]).succeeded());
+    let reloaded = run(&sealed_tier, JobKind::Load, 4, &[2], &[40]);
+    assert!(reloaded.succeeded(), "{}", reloaded.message);
     let refused = run(&plain_tier, JobKind::Load, 2, &[1], &[41]);
     assert_eq!(
         refused.status,
@@ -380,23 +392,47 @@ fn memory_store() -> Value {
 fn keyrings_come_from_a_variable_or_a_command_never_the_configuration() {
     let ring = Ring::new("k2", &["k1", "k2"]);
     let text = std::fs::read_to_string(&ring.path).unwrap();
-    // SAFETY: no other thread of this binary reads or writes this variable.
-    unsafe { std::env::set_var("KVTIER_TEST_KEYRING", &text) };
-    for encryption in [
-        json!({"keyring_env": "KVTIER_TEST_KEYRING"}),
+    let dir = tempfile::tempdir().unwrap();
+    let store = json!({"type": "local", "path": dir.path()});
+    let tier = Tier::from_json(&config(
+        &store,
         json!({"keyring_command": ["cat", ring.path]}),
-    ] {
-        let tier = Tier::from_json(&config(&memory_store(), encryption.clone())).unwrap();
-        let _pool = pool(&tier, 7);
-        assert!(
-            run(&tier, JobKind::Store, 1, &[0], &[50]).succeeded(),
-            "{encryption}"
-        );
-        assert!(
-            run(&tier, JobKind::Load, 2, &[1], &[50]).succeeded(),
-            "{encryption}"
-        );
-    }
+    ))
+    .unwrap();
+    let _pool = pool(&tier, 7);
+    assert!(run(&tier, JobKind::Store, 1, &[0], &[50]).succeeded());
+    assert!(run(&tier, JobKind::Load, 2, &[1], &[50]).succeeded());
+    drop(tier);
+
+    // The variable, in a process of its own (setting one in this multi-threaded test
+    // process would race every thread that reads the environment): `kvtier verify` opens
+    // the block with the keyring the variable holds, and says so when it is not set.
+    let by_variable = config(&store, json!({"keyring_env": "KVTIER_TEST_KEYRING"}));
+    let verify = |keyring: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        command.args(["verify", "--json", "--config", &by_variable]);
+        command.env_remove("KVTIER_TEST_KEYRING");
+        if let Some(keyring) = keyring {
+            command.env("KVTIER_TEST_KEYRING", keyring);
+        }
+        command.output().unwrap()
+    };
+    let opened = verify(Some(&text));
+    let stdout = String::from_utf8_lossy(&opened.stdout);
+    assert!(
+        opened.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&opened.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        (report["good"].as_u64(), report["undecryptable"].clone()),
+        (Some(1), json!([]))
+    );
+    let unset = verify(None);
+    assert!(!unset.status.success());
+    assert!(String::from_utf8_lossy(&unset.stderr).contains("not set"));
+
     // A keyring is never part of the configuration, and a bad source names itself.
     let cases = [
         (json!({"keyring": text}), "keyring"),
@@ -404,10 +440,6 @@ fn keyrings_come_from_a_variable_or_a_command_never_the_configuration() {
         (
             json!({"keyring_env": "X", "keyring_file": "/y"}),
             "exactly one of",
-        ),
-        (
-            json!({"keyring_env": "KVTIER_TEST_KEYRING_UNSET"}),
-            "not set",
         ),
         (json!({"keyring_command": ["false"]}), "failed"),
         (json!({"keyring_command": []}), "program"),
@@ -432,21 +464,32 @@ fn keyrings_come_from_a_variable_or_a_command_never_the_configuration() {
             error.message
         );
     }
-    // A keyring with a bad key names the key, not its bytes.
-    let bad = ring_text("k1", &["k1"]).replace("ERER", "ER!R");
-    unsafe { std::env::set_var("KVTIER_TEST_KEYRING_BAD", &bad) };
-    let error = Tier::from_json(&config(
-        &memory_store(),
-        json!({"keyring_env": "KVTIER_TEST_KEYRING_BAD"}),
-    ))
-    .err()
-    .expect("the tier must not start");
-    assert!(
-        error.message.contains("\"k1\" is not 32 bytes"),
-        "{}",
-        error.message
-    );
-    assert_no_key_material(&error.message);
+    // A keyring with a bad key names the key, not its bytes; one with a key where an id
+    // belongs does not echo it.
+    let bad_dir = tempfile::tempdir().unwrap();
+    let bad = bad_dir.path().join("bad.json");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(key_material("k1"));
+    for (text, says) in [
+        (
+            ring_text("k1", &["k1"]).replace("ERER", "ER!R"),
+            "\"k1\" is not 32 bytes",
+        ),
+        (
+            json!({"write": b64, "keys": {"k1": b64}}).to_string(),
+            "write key's id",
+        ),
+        (
+            json!({"write": "k1", "keys": {b64.clone(): b64}}).to_string(),
+            "key id number 1",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let error = Tier::from_json(&config(&memory_store(), json!({"keyring_file": bad})))
+            .err()
+            .expect("the tier must not start");
+        assert!(error.message.contains(says), "{}", error.message);
+        assert_no_key_material(&error.message);
+    }
 }
 
 #[test]

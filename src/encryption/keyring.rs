@@ -3,12 +3,14 @@
 //! or `Debug` output: errors name a key by its id, and a keyring's text by line and column.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
 use serde::Deserialize;
+use zeroize::{Zeroize, Zeroizing};
 
 /// Bytes of a keyring key (AES-256).
 pub(crate) const KEY_BYTES: usize = 32;
@@ -64,10 +66,7 @@ pub(crate) struct Secret(pub(crate) [u8; KEY_BYTES]);
 
 impl Drop for Secret {
     fn drop(&mut self) {
-        for byte in &mut self.0 {
-            // SAFETY: a valid, aligned `&mut u8`; volatile so the zeroing is not elided.
-            unsafe { std::ptr::write_volatile(byte, 0) };
-        }
+        self.0.zeroize();
     }
 }
 
@@ -97,36 +96,55 @@ struct KeyringText {
 const KEYRING_FORM: &str = r#"{"write": "ID", "keys": {"ID": "32 bytes in base64", ...}} (ids: 1 to 24 of A-Z a-z 0-9 . _ -)"#;
 
 impl Keyring {
-    /// Parses a keyring's text. Errors never quote the text: it holds keys.
+    /// Parses a keyring's text. Errors never quote the text, nor a value that fails to be
+    /// an id (a key put where an id belongs would be): they name valid ids only. The text's
+    /// strings and the decoded keys are wiped from memory.
     pub(crate) fn parse(text: &[u8]) -> Result<Keyring, String> {
-        let parsed: KeyringText = serde_json::from_slice(text).map_err(|e| {
+        let mut parsed: KeyringText = serde_json::from_slice(text).map_err(|e| {
             format!(
                 "not a keyring (line {}, column {}); expected {KEYRING_FORM}",
                 e.line(),
                 e.column()
             )
         })?;
+        let ring = Keyring::from_text(&parsed);
+        parsed.write.zeroize();
+        for (mut id, mut encoded) in std::mem::take(&mut parsed.keys) {
+            id.zeroize();
+            encoded.zeroize();
+        }
+        ring
+    }
+
+    fn from_text(parsed: &KeyringText) -> Result<Keyring, String> {
         let mut keys = Vec::with_capacity(parsed.keys.len());
-        for (id, encoded) in &parsed.keys {
-            let key_id = KeyId::new(id)
-                .ok_or_else(|| format!("key id {id:?} is not 1 to 24 of A-Z a-z 0-9 . _ -"))?;
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(encoded.trim())
-                .ok()
-                .filter(|bytes| bytes.len() == KEY_BYTES)
-                .ok_or_else(|| format!("key {id:?} is not {KEY_BYTES} bytes in base64"))?;
+        for (position, (id, encoded)) in parsed.keys.iter().enumerate() {
+            let key_id = KeyId::new(id).ok_or_else(|| {
+                format!(
+                    "key id number {} (in sorted order) is not 1 to 24 of A-Z a-z 0-9 . _ -",
+                    position + 1
+                )
+            })?;
+            let bytes = Zeroizing::new(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded.trim())
+                    .unwrap_or_default(),
+            );
+            if bytes.len() != KEY_BYTES {
+                return Err(format!("key {key_id:?} is not {KEY_BYTES} bytes in base64"));
+            }
             let mut secret = Secret([0; KEY_BYTES]);
             secret.0.copy_from_slice(&bytes);
             keys.push((key_id, secret));
         }
         let write = KeyId::new(&parsed.write)
-            .filter(|id| keys.iter().any(|(k, _)| k == id))
-            .ok_or_else(|| {
-                format!(
-                    "the write key {:?} is not one of the keyring's keys",
-                    parsed.write
-                )
-            })?;
+            .ok_or("the write key's id is not 1 to 24 of A-Z a-z 0-9 . _ -")?;
+        if !keys.iter().any(|(k, _)| *k == write) {
+            return Err(format!(
+                "the write key {write:?} is not one of the keyring's keys ({:?})",
+                keys.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
+            ));
+        }
         Ok(Keyring { write, keys })
     }
 
@@ -146,7 +164,7 @@ impl Keyring {
 }
 
 /// Where a keyring comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) enum KeySource {
     /// A file holding the keyring's text.
     File(PathBuf),
@@ -156,10 +174,17 @@ pub(crate) enum KeySource {
     Command(Vec<String>),
 }
 
+/// The source in words: a command's arguments may hold a token, so only its program.
+impl std::fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 impl KeySource {
     /// Reads the keyring. The error says where from and why, never what was read.
     pub(crate) fn load(&self) -> Result<Keyring, String> {
-        let text = match self {
+        let text = Zeroizing::new(match self {
             KeySource::File(path) => {
                 let file = std::fs::File::open(path)
                     .map_err(|e| format!("cannot read the keyring file {}: {e}", path.display()))?;
@@ -173,7 +198,7 @@ impl KeySource {
                 .ok_or_else(|| format!("the keyring variable {name} is not set"))?
                 .into_encoded_bytes(),
             KeySource::Command(argv) => run_command(argv)?,
-        };
+        });
         Keyring::parse(&text).map_err(|e| format!("{}: {e}", self.describe()))
     }
 
@@ -196,8 +221,11 @@ impl KeySource {
 /// it could hold key material.
 fn run_command(argv: &[String]) -> Result<Vec<u8>, String> {
     let program = &argv[0];
+    // Its own process group, so that a timeout ends whatever it started too (a shell's
+    // children hold its output open).
     let mut child = Command::new(program)
         .args(&argv[1..])
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -215,9 +243,11 @@ fn run_command(argv: &[String]) -> Result<Vec<u8>, String> {
         read
     });
     if done_rx.recv_timeout(COMMAND_TIMEOUT).is_err() {
-        let _ = child.kill();
+        // SAFETY: a plain kill(2) of the child's process group (its pid: process_group(0)).
+        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
         let _ = child.wait();
-        let _ = reader.join();
+        // The reader ends when the pipe closes; it is not waited for.
+        drop(reader);
         return Err(format!(
             "the keyring command {program:?} did not finish within {} s",
             COMMAND_TIMEOUT.as_secs()

@@ -24,12 +24,21 @@ use keyring::{KeySource, Keyring};
 
 /// A tier's encryption: its keyring (re-read every `refresh_s` where the source can
 /// change) and the source it comes from.
-#[derive(Debug)]
 pub(crate) struct Encryption {
     source: KeySource,
     keyring: RwLock<Arc<Keyring>>,
     refresh: Option<Duration>,
     spares: Arc<Spares>,
+}
+
+impl std::fmt::Debug for Encryption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encryption")
+            .field("source", &self.source)
+            .field("keyring", &self.keyring())
+            .field("refresh", &self.refresh)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Encryption {
@@ -124,7 +133,7 @@ impl Encryption {
 /// Sealed-object buffers the uploads are done with, kept for the next stores: a fresh
 /// allocation of a block's size costs a page fault a page on first write, which at 2 MiB
 /// blocks is a third of the cost of sealing.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Spares(Mutex<Vec<Vec<u8>>>);
 
 /// Spare buffers kept at most.

@@ -12,9 +12,9 @@ use super::jobs::{JobKind, JobResult, KeyBatch};
 use super::Shared;
 use crate::config::{DedupMode, OnCorrupt};
 use crate::encryption::format::segments;
-use crate::encryption::{sealed_len, HEADER_BYTES, TAG_BYTES};
+use crate::encryption::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
 use crate::error::{Error, Result, Status};
-use crate::memory::{BlockMemory, BlockSlot, MemoryLease, Piece};
+use crate::memory::{BlockMemory, BlockSlot, MemoryLease, OwnedBuffer};
 use crate::store::{object_path, Written};
 
 /// Runs one job to its result: every key is attempted, concurrently, within the tier's
@@ -207,59 +207,85 @@ async fn store_block(
 /// bytes (corrupt in the store); two different wrong reads are corruption in transit.
 async fn load_block(shared: &Shared, key: &[u8], name: &Path, block: &BlockMemory) -> Result<()> {
     let Some(encryption) = &shared.encryption else {
-        return load_object(shared, key, name, block).await;
+        return load_object(shared, key, name, block, &[]).await;
     };
     // An encrypted object lands as it is stored: its header and tags in buffers of their
     // own, its body straight in the block, which it then decrypts in place.
-    let mut header = Box::new([0u8; HEADER_BYTES]);
-    let mut tags = vec![0u8; TAG_BYTES * segments(block.len())];
+    let header = OwnedBuffer::new(HEADER_BYTES);
+    let tags = OwnedBuffer::new(TAG_BYTES * segments(block.len()));
     let object = BlockMemory::new(
-        std::iter::once(Piece::of(&mut header[..]))
+        std::iter::once(header.piece())
             .chain(block.pieces().iter().copied())
-            .chain(std::iter::once(Piece::of(&mut tags)))
+            .chain(std::iter::once(tags.piece()))
             .collect(),
     );
-    load_object(shared, key, name, &object).await.map_err(|e| {
-        if e.status == Status::LengthMismatch {
-            Error::new(
-                e.status,
-                format!(
-                    "{}; with encryption on, a block of {} bytes is an object of {} (an object \
-                     written without encryption is refused)",
-                    e.message,
-                    block.len(),
-                    sealed_len(block.len())
-                ),
-            )
-        } else {
-            e
+    let buffers = [header.clone(), tags.clone()];
+    // A failed tag is read once more before anything is concluded: with no checksum to
+    // tell it, damage in transit looks like tampering.
+    let mut reads_left = 2;
+    loop {
+        reads_left -= 1;
+        load_object(shared, key, name, &object, &buffers)
+            .await
+            .map_err(|e| {
+                if e.status != Status::LengthMismatch {
+                    return e;
+                }
+                // Most likely a plain object in a namespace that took encryption on: MISS
+                // from now on, and the next store rewrites it (even a conditional one).
+                shared.dedup.mark_corrupt(key);
+                Error::new(
+                    e.status,
+                    format!(
+                        "{}; with encryption on, a block of {} bytes is an object of {} (an \
+                         object written without encryption is refused)",
+                        e.message,
+                        block.len(),
+                        sealed_len(block.len())
+                    ),
+                )
+            })?;
+        // SAFETY: `load_object` awaited every read of the object: nothing writes the
+        // buffers now. The block: as in `load_object`, this load job holds it alone.
+        let (header_bytes, tag_bytes) = unsafe { (header.bytes(), tags.bytes()) };
+        let header_bytes: &[u8; HEADER_BYTES] = header_bytes
+            .try_into()
+            .expect("a header of the format's length");
+        let mut slot = unsafe { BlockSlot::new(block) };
+        let failed = match encryption.open_block(name.as_ref(), header_bytes, tag_bytes, &mut slot)
+        {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if failed == OpenError::TagMismatch && reads_left > 0 {
+            log::warn!("block {name} failed authentication; reading it again");
+            continue;
         }
-    })?;
-    // SAFETY: as in `load_object`: this load job holds the block alone.
-    let mut slot = unsafe { BlockSlot::new(block) };
-    encryption
-        .open_block(name.as_ref(), &header, &tags, &mut slot)
-        .map_err(|e| {
-            shared
-                .stats
-                .undecryptable_blocks
-                .fetch_add(1, Ordering::Relaxed);
-            shared.dedup.mark_corrupt(key);
-            let why = e.to_string();
-            log::warn!("block {name} does not open: {why}");
-            Error::new(
-                Status::Undecryptable,
-                format!("load {name}: the object does not open: {why}"),
-            )
-        })
+        shared
+            .stats
+            .undecryptable_blocks
+            .fetch_add(1, Ordering::Relaxed);
+        shared.dedup.mark_corrupt(key);
+        log::warn!("block {name} does not open: {failed}");
+        return Err(Error::new(
+            Status::Undecryptable,
+            format!("load {name}: the object does not open: {failed}"),
+        ));
+    }
 }
 
 /// Reads an object into `memory`, verified against its checksum (see `load_block`).
-async fn load_object(shared: &Shared, key: &[u8], name: &Path, memory: &BlockMemory) -> Result<()> {
+async fn load_object(
+    shared: &Shared,
+    key: &[u8],
+    name: &Path,
+    memory: &BlockMemory,
+    buffers: &[Arc<OwnedBuffer>],
+) -> Result<()> {
     // SAFETY: the memory was checked against its pool or region at submit, and this load
-    // job holds it alone until its result is polled (JobTable::hold); the header and tag
-    // buffers of an encrypted object are the load's own and outlive the slot.
-    let mut slot = unsafe { BlockSlot::new(memory) };
+    // job holds it alone until its result is polled (JobTable::hold); the engine's own
+    // `buffers` among its pieces are kept alive by the slot.
+    let mut slot = unsafe { BlockSlot::with_buffers(memory, buffers) };
     let first = match read_verified(shared, key, name, &mut slot, true).await {
         Err(e) if e.status == Status::Corrupt => e,
         other => return other,
