@@ -190,14 +190,6 @@ pub(crate) struct Piece {
 }
 
 impl Piece {
-    /// A buffer of the engine's own as a piece (a whole object read into memory).
-    pub(crate) fn of(buffer: &mut [u8]) -> Piece {
-        Piece {
-            addr: buffer.as_mut_ptr() as usize,
-            len: buffer.len(),
-        }
-    }
-
     pub(crate) fn end(&self) -> usize {
         self.addr + self.len
     }
@@ -228,6 +220,17 @@ impl OwnedBuffer {
             addr: self.ptr as usize,
             len: self.len,
         }
+    }
+
+    /// The buffer's bytes, once no slot holds it any more; `None` while one does.
+    pub(crate) fn into_vec(buffer: Arc<OwnedBuffer>) -> Option<Vec<u8>> {
+        let owned = Arc::into_inner(buffer)?;
+        let owned = std::mem::ManuallyDrop::new(owned);
+        // SAFETY: `ptr` and `len` came from `Box::into_raw` of a boxed slice in `new`; the
+        // value is not dropped (ManuallyDrop), so the allocation changes owner only once.
+        let boxed =
+            unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(owned.ptr, owned.len)) };
+        Some(boxed.into_vec())
     }
 
     /// The bytes.

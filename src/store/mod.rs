@@ -39,7 +39,7 @@ use object_store::{
 use crate::config::StoreConfig;
 use crate::error::{Error, Result, Status};
 use crate::integrity;
-use crate::memory::BlockSlot;
+use crate::memory::{BlockMemory, BlockSlot, OwnedBuffer};
 
 pub use ::object_store;
 pub use classify::error_chain;
@@ -505,11 +505,12 @@ impl Store {
                 format!("verify {path}: too large to read whole"),
             )
         })?;
-        let mut bytes = vec![0u8; len];
-        let memory = crate::memory::BlockMemory::new(vec![crate::memory::Piece::of(&mut bytes)]);
-        // SAFETY: `bytes` is this function's own and outlives the slot, which is used only
-        // by the read awaited here.
-        let slot = unsafe { BlockSlot::new(&memory) };
+        // A buffer the slot keeps alive, as a load's own buffers are: a blocking read
+        // outlives this future if it is dropped.
+        let buffer = OwnedBuffer::new(len);
+        let memory = BlockMemory::new(vec![buffer.piece()]);
+        // SAFETY: the slot's only piece is `buffer`, which it keeps alive.
+        let slot = unsafe { BlockSlot::with_buffers(&memory, std::slice::from_ref(&buffer)) };
         let read = read_body("verify", path, got, Sink::Block(slot), true).await?;
         if read.bytes != len as u64 {
             return Err(Error::new(
@@ -522,6 +523,8 @@ impl Store {
             recorded: read.recorded,
             computed: read.computed,
         };
+        let bytes =
+            OwnedBuffer::into_vec(buffer).expect("the read is over: no slot holds the buffer");
         Ok((bytes, check))
     }
 
