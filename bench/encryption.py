@@ -24,9 +24,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ranges  # noqa: E402  (the sink, the build and one `kvtier bench` run)
 
-ROOT = ranges.ROOT
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=256)
@@ -89,11 +86,7 @@ def main():
     lines += ["", f"Machine: {os.cpu_count()} CPUs, shared by `kvtier bench` and the sink: throughput here is "
               "bounded by CPU, so it falls as CPU per GiB rises. `kvtier bench` with checksums on, dedup off, "
               "every byte verified; AES-256-GCM in 64 KiB segments (aws-lc-rs)."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "encryption.md"), "w") as f:
-        f.write(text)
+    ranges.publish(lines, "encryption.md")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,15 @@ def interleaved(args, stores, variants, run_one):
     return rows
 
 
+def publish(lines, name):
+    """Prints a result table and writes it to bench/results/NAME."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "bench", "results", name), "w") as f:
+        f.write(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranges", default="1,2,64")
@@ -144,11 +153,7 @@ def main():
     lines += ["", f"Targets (at least 0.9x the throughput, at most 1.1x the CPU per GiB): "
               f"{'all met' if not failed else 'missed by ' + ', '.join(failed)}.",
               f"Machine: {os.cpu_count()} CPUs; `kvtier bench` with checksums on, dedup off, every byte verified."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "ranges.md"), "w") as f:
-        f.write(text)
+    publish(lines, "ranges.md")
 
 
 if __name__ == "__main__":
