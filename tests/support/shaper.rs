@@ -9,7 +9,10 @@
 //!   per-connection limit), and optionally all connections together to a total rate.
 //!
 //! It counts what a client did on the link: connections accepted, connections open at once
-//! (the most of them), and bytes each way. A byte stream proxy, not an HTTP one: requests
+//! (the most of them), and bytes each way. It can also hold every answer until a number of
+//! connections are open at once ([`Shaper::hold_answers_until_open`]): whether a client
+//! puts a batch on the link together then shows without depending on how fast a busy
+//! machine lets it send (nothing is answered early, so nothing closes early). A byte stream proxy, not an HTTP one: requests
 //! are not parsed, so a pipelined or pooled connection is shaped as the link would shape it.
 //!
 //! Used by the latency tests (`tests/s3_latency.rs`) and, as the `shaper` example
@@ -24,7 +27,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 /// What the link does to the bytes that cross it.
@@ -85,6 +88,32 @@ struct Inner {
     bytes: [AtomicU64; 2],
     /// Bytes each connection carried down, in the order they were accepted.
     down_by_connection: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Answers are held until this many connections have been open at once, or until the
+    /// instant passes (then the gate is gone for good).
+    gate: Mutex<Option<(u64, Instant)>>,
+    /// Told of every connection accepted (for the gate).
+    accepted_one: Notify,
+}
+
+impl Inner {
+    /// Waits while the answer gate holds.
+    async fn through_gate(&self) {
+        loop {
+            // Registered before the check, so an accept between the two is not missed.
+            let accepted = self.accepted_one.notified();
+            let Some((open, until)) = *self.gate.lock().unwrap_or_else(|p| p.into_inner()) else {
+                return;
+            };
+            if self.most_open.load(Ordering::SeqCst) >= open || Instant::now() >= until {
+                *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                return;
+            }
+            tokio::select! {
+                _ = accepted => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
 }
 
 pub struct Shaper {
@@ -111,6 +140,8 @@ impl Shaper {
             most_open: AtomicU64::new(0),
             bytes: [AtomicU64::new(0), AtomicU64::new(0)],
             down_by_connection: Mutex::new(Vec::new()),
+            gate: Mutex::new(None),
+            accepted_one: Notify::new(),
         });
         let (stop, stopped) = watch::channel(false);
         let serving = inner.clone();
@@ -171,6 +202,13 @@ impl Shaper {
         }
     }
 
+    /// Holds every answer from now on until `open` connections have been open at once
+    /// (counted as [`Traffic::most_open`]), or until `at_most` has passed; then answers
+    /// flow as before.
+    pub fn hold_answers_until_open(&self, open: u64, at_most: Duration) {
+        *self.inner.gate.lock().unwrap() = Some((open, Instant::now() + at_most));
+    }
+
     /// Starts counting the most connections open at once from those open now.
     pub fn reset_most_open(&self) {
         let open = self.inner.open.load(Ordering::SeqCst);
@@ -208,6 +246,7 @@ async fn serve(
         inner.accepted.fetch_add(1, Ordering::SeqCst);
         let open = inner.open.fetch_add(1, Ordering::SeqCst) + 1;
         inner.most_open.fetch_max(open, Ordering::SeqCst);
+        inner.accepted_one.notify_waiters();
         let down = Arc::new(AtomicU64::new(0));
         inner
             .down_by_connection
@@ -281,6 +320,9 @@ async fn direction(
                     .book(leaves, chunk.len());
             }
             tokio::time::sleep_until(leaves).await;
+            if way == 1 {
+                inner.through_gate().await;
+            }
             // Counted before they are written: a client that has read them all finds them
             // counted.
             inner.bytes[way].fetch_add(chunk.len() as u64, Ordering::SeqCst);
