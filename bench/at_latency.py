@@ -13,11 +13,12 @@ configured `max_inflight_lookups` (256, the default) and with 64 (the old defaul
 side. Prints batch times in milliseconds and in round trips, the most connections open
 at once, and the shaper's own CPU.
 
-Loads: 8 objects of 32 MiB, 4 loads in flight, through the same link capped at
-`--connection-mbps` (100 MB/s) a connection, with parts (`load_part_bytes`, 8 MiB by
-default) and with one GET per object (`load_part_bytes: 0`) side by side: MiB/s, the
-connections that carried data, and the client's CPU per GiB. Every loaded byte is
-compared with what was stored. Writes bench/results/latency.md.
+Stores and loads: 8 objects of 32 MiB, 4 jobs in flight, through the same link capped at
+`--connection-mbps` (100 MB/s) a connection, with parts (`store_part_bytes` and
+`load_part_bytes`, 8 MiB by default: multipart uploads and ranged GETs) and with one
+request per object (0) side by side: MiB/s, the connections opened, and the client's CPU
+per GiB. Every byte is compared: loaded ones with what was stored, stored ones by reading
+them back straight from the server. Writes bench/results/latency.md.
 """
 
 import argparse
@@ -163,35 +164,48 @@ def store_large(port):
     return data
 
 
-def run_loads(port, stored, rtt_ms, mbps, part_bytes, in_flight=4):
+def run_large(port, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4):
+    """LARGE_COUNT stores or loads (`op`) of 32 MiB through the shaper, `in_flight` at once,
+    with parts of the default size (`part_bytes` None) or one request per object (0). Stores
+    go to fresh keys from `key_base` and are read back straight from the server afterwards."""
     shaper, line = start([os.path.join(ROOT, "target", "release", "examples", "shaper"), "--upstream", str(port),
                           "--round-trip-ms", str(rtt_ms), "--connection-mbps", str(mbps)], "listening on ")
     shaped_port = int(line.strip().rsplit(":", 1)[1])
-    extra = {} if part_bytes is None else {"load_part_bytes": part_bytes}
     config = store_config(shaped_port)
-    config["store"].update(extra)
+    if part_bytes is not None:
+        config["store"][f"{op}_part_bytes"] = part_bytes
+    base = 1000 if op == "load" else key_base
     try:
         with kvtier.Tier(config) as tier:
-            dest = bytearray(LARGE * LARGE_COUNT)
-            tier.register_memory(dest, LARGE)
+            memory = bytearray(LARGE * LARGE_COUNT) if op == "load" else stored
+            tier.register_memory(memory, LARGE)
+            submit = tier.submit_load if op == "load" else tier.submit_store
             before, t0, c0 = shaper_stats(shaper), time.perf_counter(), cpu_s()
             submitted = finished = 0
             while finished < LARGE_COUNT:
                 while submitted < LARGE_COUNT and submitted - finished < in_flight:
-                    tier.submit_load(submitted, [submitted], [key(1000 + submitted)])
+                    submit(submitted, [submitted], [key(base + submitted)])
                     submitted += 1
                 outcomes = wait_outcomes(tier, 1)
                 assert all(o.ok for o in outcomes), outcomes
                 finished += len(outcomes)
             took, cpu = time.perf_counter() - t0, cpu_s() - c0
             after = shaper_stats(shaper)
-            assert dest == stored, "a loaded byte differs from what was stored"
     finally:
         shaper.stdin.close()
         shaper.wait()
+    if op == "store":
+        with kvtier.Tier(store_config(port)) as tier:
+            memory = bytearray(LARGE * LARGE_COUNT)
+            tier.register_memory(memory, LARGE)
+            for i in range(LARGE_COUNT):
+                tier.submit_load(i, [i], [key(base + i)])
+            assert all(o.ok for o in wait_outcomes(tier, LARGE_COUNT))
+    assert memory == stored, f"a byte read back after the {op}s differs from the block"
     gib = LARGE * LARGE_COUNT / (1 << 30)
-    return {"rtt_ms": rtt_ms, "parts": "8 MiB (default)" if part_bytes is None else "off (one GET)",
-            "mib_s": LARGE * LARGE_COUNT / (1 << 20) / took, "per_load_s": took * in_flight / LARGE_COUNT,
+    return {"op": op, "rtt_ms": rtt_ms,
+            "parts": "8 MiB (default)" if part_bytes is None else f"off (one {'GET' if op == 'load' else 'PUT'})",
+            "mib_s": LARGE * LARGE_COUNT / (1 << 20) / took, "per_op_s": took * in_flight / LARGE_COUNT,
             "connections": after["accepted"] - before["accepted"], "cpu_s_per_gib": cpu / gib}
 
 
@@ -215,12 +229,14 @@ def main():
                     log(json.dumps(row))
                     rows.append(row)
             stored = store_large(port)
-            loads = []
-            for rtt in args.rtt:
-                for part_bytes in (None, 0):
-                    row = run_loads(port, stored, rtt, args.connection_mbps, part_bytes)
-                    log(json.dumps(row))
-                    loads.append(row)
+            large = []
+            for op in ("store", "load"):
+                for rtt in args.rtt:
+                    for part_bytes in (None, 0):
+                        row = run_large(port, stored, rtt, args.connection_mbps, part_bytes, op,
+                                        key_base=2000 + 100 * len(large))
+                        log(json.dumps(row))
+                        large.append(row)
         finally:
             server.kill()
     head = ("| round trip | max_inflight_lookups | cold batch ms (round trips) | warm p50 ms (round trips) | "
@@ -231,11 +247,11 @@ def main():
         f"{r['most_open']} | {r['shaper_cpu_s']:.2f} |\n" for r in rows)
     text = (f"256-key `check_now` batches (half present) against s3s-fs behind bench/shaper.rs; "
             f"{args.reps} warm batches per row.\n\n" + head + body)
-    text += (f"\n{LARGE_COUNT} loads of 32 MiB, 4 in flight, {args.connection_mbps:g} MB/s a connection:\n\n"
-             "| round trip | parts | MiB/s | seconds per load | connections opened | client CPU s/GiB |\n"
-             "|---|---|---|---|---|---|\n")
-    text += "".join(f"| {r['rtt_ms']} ms | {r['parts']} | {r['mib_s']:.0f} | {r['per_load_s']:.2f} | "
-                    f"{r['connections']} | {r['cpu_s_per_gib']:.2f} |\n" for r in loads)
+    text += (f"\n{LARGE_COUNT} stores and loads of 32 MiB, 4 in flight, {args.connection_mbps:g} MB/s a connection:\n\n"
+             "| op | round trip | parts | MiB/s | seconds per job | connections opened | client CPU s/GiB |\n"
+             "|---|---|---|---|---|---|---|\n")
+    text += "".join(f"| {r['op']} | {r['rtt_ms']} ms | {r['parts']} | {r['mib_s']:.0f} | {r['per_op_s']:.2f} | "
+                    f"{r['connections']} | {r['cpu_s_per_gib']:.2f} |\n" for r in large)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)

@@ -674,6 +674,88 @@ fn interrupted_puts_are_retried_in_every_dedup_mode(srv: &Server) {
     }
 }
 
+/// Stores in parts (blocks of 12 MiB, parts of 5 MiB: three each) through faults. The
+/// first PUT of every part reset before the server sees it, or its answer lost after the
+/// server stored it, is sent again, and every block loads byte-exact. With every part
+/// refused, the job fails with one result, the upload is aborted (its parts are not left
+/// in the store), and the key stays absent.
+fn a_store_in_parts_survives_faults_or_fails_whole(srv: &Server) {
+    const LARGE: usize = 12 << 20;
+    let front = Front::new(srv);
+    let store_extra = json!({"store_part_bytes": 5 << 20, "max_retries": 3});
+    let is_part = |r: &RequestInfo| r.method == "PUT" && r.path.contains("partNumber=");
+    for (case, fault) in [Fault::ResetRequest, Fault::DropResponse]
+        .into_iter()
+        .enumerate()
+    {
+        let what = format!("{} fault={fault:?}", srv.name());
+        front.proxy.set_rule(|_| Fault::Pass);
+        let tier = front.tier(store_extra.clone(), json!({}));
+        let mut pool = Pool::new(4, LARGE);
+        pool.fill_random(500 + case as u64);
+        pool.register(&tier);
+        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+        front.proxy.set_rule(move |r| {
+            if is_part(r) && seen.lock().unwrap().insert(r.path.clone()) {
+                fault
+            } else {
+                Fault::Pass
+            }
+        });
+        let ids = [900 + case as u64 * 10, 901 + case as u64 * 10];
+        tier.submit(JobKind::Store, 1, &[0, 1], keys(&ids)).unwrap();
+        let r = wait_all(&tier, 1).remove(&1).unwrap();
+        assert_eq!(r.key_status, vec![Status::Ok; 2], "{what}: {}", r.message);
+        assert_eq!(
+            front.proxy.stats().faults(fault.name()),
+            6,
+            "{what}: every part's first PUT faulted"
+        );
+        front.proxy.set_rule(|_| Fault::Pass);
+        tier.submit(JobKind::Load, 2, &[2, 3], keys(&ids)).unwrap();
+        let r = wait_all(&tier, 1).remove(&2).unwrap();
+        assert_loaded_bytes(&pool, &r, &[2, 3], &[0, 1]);
+    }
+
+    let tier = front.tier(store_extra, json!({}));
+    let mut pool = Pool::new(1, LARGE);
+    pool.fill_random(520);
+    pool.register(&tier);
+    let aborts = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = aborts.clone();
+    front.proxy.set_rule(move |r| {
+        if is_part(r) {
+            return Fault::Status(500);
+        }
+        if r.method == "DELETE" && r.path.contains("uploadId=") {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Fault::Pass
+    });
+    tier.submit(JobKind::Store, 3, &[0], keys(&[950])).unwrap();
+    let r = wait_all(&tier, 1).remove(&3).unwrap();
+    assert_ne!(
+        r.key_status,
+        vec![Status::Ok],
+        "{}: refused parts stored",
+        srv.name()
+    );
+    assert_eq!(
+        aborts.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{}: the failed upload was not aborted",
+        srv.name()
+    );
+    front.proxy.set_rule(|_| Fault::Pass);
+    assert_eq!(
+        tier.check_now(&[key(950)], Duration::from_secs(60))
+            .unwrap(),
+        vec![LookupResult::Miss],
+        "{}",
+        srv.name()
+    );
+}
+
 /// The first GET of every object comes back with one byte flipped by the proxy while the
 /// stored objects stay intact (corruption in transit). Under `fail_and_delete` the
 /// mismatch is read again, reads clean, and the load succeeds with verified bytes; no
@@ -800,6 +882,7 @@ on_both_servers!(
     check_now_gives_up_at_its_timeout,
     direct_requests_fall_back_to_the_general_client,
     interrupted_puts_are_retried_in_every_dedup_mode,
+    a_store_in_parts_survives_faults_or_fails_whole,
     in_transit_corruption_never_deletes,
     server_ignoring_range,
 );

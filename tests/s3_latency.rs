@@ -153,6 +153,100 @@ fn a_large_load_comes_down_several_connections(srv: &Server) {
     }
 }
 
+/// A store of an object larger than `store_part_bytes` (8 MiB by default) sends its parts
+/// as one multipart upload, all at once on connections of their own: a 32 MiB block goes
+/// up four connections; with parts turned off, one. Either way the object loads byte-exact
+/// with its checksum verified, and a conditional store of a key already there sends nothing.
+fn a_large_store_goes_up_several_connections(srv: &Server) {
+    const LARGE: usize = 32 << 20;
+    let bucket = srv.new_bucket();
+    let store = srv.store_json(&bucket);
+    let mut pool = Pool::new(4, LARGE);
+    pool.fill_random(29);
+    let shaper = Shaper::start(
+        srv.port(),
+        Link {
+            round_trip: Duration::from_millis(20),
+            per_connection: Some(100_000_000),
+            total: None,
+        },
+    );
+    let through_link = |part_bytes: Option<u64>| {
+        let mut through_link = with(store.clone(), "endpoint_override", json!(shaper.endpoint()));
+        if let Some(part_bytes) = part_bytes {
+            through_link["store_part_bytes"] = json!(part_bytes);
+        }
+        Tier::from_json(&tier_json(through_link, json!({}))).unwrap()
+    };
+    for (part_bytes, slot, connections) in [(None, 0, 4), (Some(0), 1, 1)] {
+        let writer = through_link(part_bytes);
+        // SAFETY: the pool outlives the tier; the store only reads it.
+        unsafe { writer.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
+            .unwrap();
+        shaper.reset_carried();
+        let started = Instant::now();
+        writer
+            .submit(JobKind::Store, 1, &[slot], keys(&[slot]))
+            .unwrap();
+        let r = wait_all(&writer, 1).remove(&1).unwrap();
+        assert!(r.succeeded(), "{}", r.message);
+        let sent = shaper.connections_that_sent(1 << 20);
+        eprintln!(
+            "{}: a 32 MiB store with store_part_bytes {part_bytes:?} took {:?} on {sent} connections",
+            srv.name(),
+            started.elapsed()
+        );
+        assert_eq!(
+            sent, connections,
+            "connections that carried the store (store_part_bytes {part_bytes:?})"
+        );
+    }
+
+    // Straight from the server, checksums verified: both objects whole.
+    let reader = Tier::from_json(&tier_json(store.clone(), json!({"checksums": true}))).unwrap();
+    // SAFETY: as above; each load holds its slot alone until its result is polled.
+    unsafe { reader.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
+        .unwrap();
+    reader.submit(JobKind::Load, 2, &[2], keys(&[0])).unwrap();
+    reader.submit(JobKind::Load, 3, &[3], keys(&[1])).unwrap();
+    let loaded = wait_all(&reader, 2);
+    assert!(loaded.values().all(|r| r.succeeded()), "{loaded:?}");
+    assert!(
+        pool.block(2) == pool.block(0),
+        "the store in parts read back other bytes"
+    );
+    assert!(
+        pool.block(3) == pool.block(1),
+        "the single PUT read back other bytes"
+    );
+    assert_eq!(reader.stats().corrupt_blocks, 0);
+    // The checksum was recorded with the multipart upload, and is the block's.
+    let name = reader.layout().object_name(&key(0)).unwrap();
+    let check =
+        block_on(oob_store(&store).check_object(&kvtier::store::object_path(&name))).unwrap();
+    assert_eq!(check.bytes, LARGE as u64);
+    assert_eq!(
+        check.recorded,
+        Some(check.computed),
+        "the recorded checksum"
+    );
+
+    // The block is there: a conditional store of it asks, and sends nothing.
+    let again = through_link(None);
+    // SAFETY: as above.
+    unsafe { again.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }.unwrap();
+    shaper.reset_carried();
+    again.submit(JobKind::Store, 4, &[0], keys(&[0])).unwrap();
+    let r = wait_all(&again, 1).remove(&4).unwrap();
+    assert!(r.succeeded(), "{}", r.message);
+    assert_eq!(
+        shaper.connections_that_sent(1 << 20),
+        0,
+        "a stored block was sent again"
+    );
+    assert_eq!(again.stats().dedup_already_stored, 1);
+}
+
 /// The shaper itself: a byte takes half a round trip each way and a new connection's first
 /// request one round trip more, and a paced connection moves no faster than its rate.
 #[test]
@@ -206,4 +300,5 @@ fn the_shaper_delays_and_paces_what_crosses_it() {
 on_both_servers!(
     an_existence_batch_is_in_flight_at_once,
     a_large_load_comes_down_several_connections,
+    a_large_store_goes_up_several_connections,
 );

@@ -393,6 +393,17 @@ pub struct S3Config {
     /// object.
     #[serde(default = "default_load_part_bytes")]
     pub load_part_bytes: u64,
+    /// A store of an object larger than this many bytes uploads it as a multipart upload
+    /// of parts this size (the last one shorter), all parts in flight at once on
+    /// connections of their own, each sent straight from the block. A remote store caps
+    /// what one connection moves, so a large object stores as fast as its parts'
+    /// connections together; a small one stays one PUT (a multipart upload costs two
+    /// requests more). With `dedup: "conditional"` such a store asks first whether the
+    /// object is there (a multipart completion is not conditional: two tiers storing the
+    /// same new block at once may both upload it). At least 5 MiB, S3's smallest part. 0:
+    /// one PUT per object.
+    #[serde(default = "default_store_part_bytes")]
+    pub store_part_bytes: u64,
 }
 
 /// Smallest `load_part_bytes` (other than 0): smaller parts cost more requests than their
@@ -400,6 +411,13 @@ pub struct S3Config {
 pub(crate) const MIN_LOAD_PART_BYTES: u64 = 1 << 20;
 
 fn default_load_part_bytes() -> u64 {
+    8 << 20
+}
+
+/// Smallest `store_part_bytes` (other than 0): S3 refuses smaller parts (but the last).
+pub(crate) const MIN_STORE_PART_BYTES: u64 = 5 << 20;
+
+fn default_store_part_bytes() -> u64 {
     8 << 20
 }
 
@@ -730,6 +748,12 @@ impl S3Config {
             return Err(Error::config(format!(
                 "store.load_part_bytes is {}; it must be 0 (one GET per object) or at least {MIN_LOAD_PART_BYTES}",
                 self.load_part_bytes
+            )));
+        }
+        if self.store_part_bytes != 0 && self.store_part_bytes < MIN_STORE_PART_BYTES {
+            return Err(Error::config(format!(
+                "store.store_part_bytes is {}; it must be 0 (one PUT per object) or at least {MIN_STORE_PART_BYTES} (S3's smallest part)",
+                self.store_part_bytes
             )));
         }
         let endpoint = self.endpoint()?;

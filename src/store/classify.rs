@@ -295,11 +295,35 @@ pub(super) async fn put_with_retries(
     retries: usize,
     damaged: &std::sync::atomic::AtomicU64,
 ) -> Result<object_store::PutResult, Failed> {
-    let mut options = options;
+    let mode = options.mode.clone();
+    repeat_refused_uploads(store, path, mode, retries, damaged, |mode| {
+        let options = object_store::PutOptions {
+            mode,
+            ..options.clone()
+        };
+        answered(store.put_opts(path, payload.clone(), options))
+    })
+    .await
+}
+
+/// Runs `upload` (given the mode to write with) and repeats it as [`put_with_retries`]
+/// says; the repeat of a body refused as damaged overwrites.
+pub(super) async fn repeat_refused_uploads<F>(
+    store: &DynStore,
+    path: &Path,
+    mode: object_store::PutMode,
+    retries: usize,
+    damaged: &std::sync::atomic::AtomicU64,
+    mut upload: impl FnMut(object_store::PutMode) -> F,
+) -> Result<object_store::PutResult, Failed>
+where
+    F: std::future::Future<Output = Result<object_store::PutResult, Failed>>,
+{
+    let mut mode = mode;
     let mut attempt = 0;
     loop {
-        let create = matches!(options.mode, object_store::PutMode::Create);
-        let outcome = answered(store.put_opts(path, payload.clone(), options.clone())).await;
+        let create = matches!(mode, object_store::PutMode::Create);
+        let outcome = upload(mode.clone()).await;
         let refused = matches!(&outcome, Err(e) if is_damaged_body(e));
         let why = match &outcome {
             Err(_) if refused => {
@@ -307,7 +331,7 @@ pub(super) async fn put_with_retries(
                 // A server may keep the body it refused (s3s-fs 0.14 writes it, without its
                 // metadata, before it compares checksums): a conditional repeat would find
                 // that object and answer 412 over damaged bytes. The repeat overwrites.
-                options.mode = object_store::PutMode::Overwrite;
+                mode = object_store::PutMode::Overwrite;
                 "refused as damaged in transit"
             }
             Err(e) if create && is_interrupted(&e.error) => "interrupted",

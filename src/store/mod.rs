@@ -20,6 +20,7 @@ pub(crate) mod direct;
 mod gcs;
 mod http_options;
 mod local;
+mod multipart;
 mod probe;
 mod s3;
 
@@ -67,6 +68,9 @@ enum Backend {
         credentials: CredentialSource,
         /// PUTs carry `x-amz-checksum-crc64nvme` (unless `req_checksum: "required"`).
         upload_checksum: bool,
+        /// Objects larger than this are stored as multipart uploads of parts this size;
+        /// 0: never.
+        store_part_bytes: usize,
     },
     /// Azure Blob Storage: metadata names are C# identifiers, so the checksum is recorded
     /// as `kvtier_crc32c`.
@@ -185,6 +189,8 @@ impl Store {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: built.credentials,
                     upload_checksum: s3::sends_upload_checksum(config),
+                    store_part_bytes: usize::try_from(config.store_part_bytes)
+                        .unwrap_or(usize::MAX),
                 };
                 let retries = Some(built.retries);
                 (
@@ -370,6 +376,16 @@ impl Store {
             }
             _ => body,
         };
+        if let Backend::S3 {
+            store_part_bytes, ..
+        } = self.backend
+        {
+            if store_part_bytes > 0 && body.content_length() > store_part_bytes {
+                return self
+                    .put_in_parts(path, body, attributes, create, store_part_bytes)
+                    .await;
+            }
+        }
         let mode = if create {
             PutMode::Create
         } else {
@@ -400,6 +416,37 @@ impl Store {
             }) => Ok(Written::AlreadyStored),
             Err(e) => Err(op_error("store", path, &e)),
         }
+    }
+
+    /// [`Store::put_object`] of a body larger than `part_len`: one multipart upload, its
+    /// parts all in flight at once. `object_store` completes a multipart upload without a
+    /// condition, so a `create` asks first whether the object is there (two tiers storing
+    /// the same new block at the same moment may then both upload it: the same bytes,
+    /// written twice).
+    async fn put_in_parts(
+        &self,
+        path: &Path,
+        body: PutPayload,
+        attributes: object_store::Attributes,
+        create: bool,
+        part_len: usize,
+    ) -> Result<Written> {
+        if create && self.exists(path, false).await? {
+            return Ok(Written::AlreadyStored);
+        }
+        let parts = multipart::split(&body, part_len);
+        drop(body);
+        classify::repeat_refused_uploads(
+            &self.client,
+            path,
+            PutMode::Overwrite,
+            self.max_retries,
+            &self.damaged_uploads,
+            |_| multipart::upload(&self.client, path, &parts, &attributes),
+        )
+        .await
+        .map(|_| Written::Stored)
+        .map_err(|e| op_error("store", path, &e))
     }
 
     /// Reads the object at `path` into `slot`, which it must fill exactly. `checksum`

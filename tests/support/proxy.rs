@@ -67,7 +67,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    fn name(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             Fault::Pass => "pass",
             Fault::Delay(_) => "delay",

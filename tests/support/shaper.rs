@@ -86,8 +86,8 @@ struct Inner {
     open: AtomicU64,
     most_open: AtomicU64,
     bytes: [AtomicU64; 2],
-    /// Bytes each connection carried down, in the order they were accepted.
-    down_by_connection: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Bytes each connection carried up and down, in the order they were accepted.
+    by_connection: Mutex<Vec<Arc<[AtomicU64; 2]>>>,
     /// Answers are held until this many connections have been open at once, or until the
     /// instant passes (then the gate is gone for good).
     gate: Mutex<Option<(u64, Instant)>>,
@@ -139,7 +139,7 @@ impl Shaper {
             open: AtomicU64::new(0),
             most_open: AtomicU64::new(0),
             bytes: [AtomicU64::new(0), AtomicU64::new(0)],
-            down_by_connection: Mutex::new(Vec::new()),
+            by_connection: Mutex::new(Vec::new()),
             gate: Mutex::new(None),
             accepted_one: Notify::new(),
         });
@@ -188,17 +188,27 @@ impl Shaper {
 
     /// How many connections have carried at least `min_bytes` from the server so far.
     pub fn connections_that_carried(&self, min_bytes: u64) -> usize {
-        let counts = self.inner.down_by_connection.lock().unwrap();
+        self.connections_that_moved(1, min_bytes)
+    }
+
+    /// How many connections have carried at least `min_bytes` to the server so far.
+    pub fn connections_that_sent(&self, min_bytes: u64) -> usize {
+        self.connections_that_moved(0, min_bytes)
+    }
+
+    fn connections_that_moved(&self, way: usize, min_bytes: u64) -> usize {
+        let counts = self.inner.by_connection.lock().unwrap();
         counts
             .iter()
-            .filter(|c| c.load(Ordering::SeqCst) >= min_bytes)
+            .filter(|c| c[way].load(Ordering::SeqCst) >= min_bytes)
             .count()
     }
 
-    /// Forgets what connections carried so far (`connections_that_carried` counts anew).
+    /// Forgets what connections carried so far (`connections_that_carried` and
+    /// `connections_that_sent` count anew).
     pub fn reset_carried(&self) {
-        for count in self.inner.down_by_connection.lock().unwrap().iter() {
-            count.store(0, Ordering::SeqCst);
+        for counts in self.inner.by_connection.lock().unwrap().iter() {
+            counts.iter().for_each(|c| c.store(0, Ordering::SeqCst));
         }
     }
 
@@ -247,12 +257,12 @@ async fn serve(
         let open = inner.open.fetch_add(1, Ordering::SeqCst) + 1;
         inner.most_open.fetch_max(open, Ordering::SeqCst);
         inner.accepted_one.notify_waiters();
-        let down = Arc::new(AtomicU64::new(0));
+        let moved = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         inner
-            .down_by_connection
+            .by_connection
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(down.clone());
+            .push(moved.clone());
         let inner = inner.clone();
         tokio::spawn(async move {
             if let Ok(server) = TcpStream::connect(inner.upstream).await {
@@ -262,10 +272,10 @@ async fn serve(
                 let (server_read, server_write) = server.into_split();
                 // The handshake's round trip: the first bytes up wait one more round trip.
                 let handshake = inner.link.round_trip;
-                let up = AtomicU64::new(0);
+                let [up, down] = &*moved;
                 tokio::join!(
-                    direction(&inner, 0, client_read, server_write, handshake, &up),
-                    direction(&inner, 1, server_read, client_write, Duration::ZERO, &down),
+                    direction(&inner, 0, client_read, server_write, handshake, up),
+                    direction(&inner, 1, server_read, client_write, Duration::ZERO, down),
                 );
             }
             inner.open.fetch_sub(1, Ordering::SeqCst);
