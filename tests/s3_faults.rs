@@ -678,7 +678,8 @@ fn interrupted_puts_are_retried_in_every_dedup_mode(srv: &Server) {
 /// first PUT of every part reset before the server sees it, or its answer lost after the
 /// server stored it, is sent again, and every block loads byte-exact. With every part
 /// refused, the job fails with one result, the upload is aborted (its parts are not left
-/// in the store), and the key stays absent.
+/// in the store), and the key stays absent. A store that does not do multipart uploads
+/// (501) gets one PUT per object instead.
 fn a_store_in_parts_survives_faults_or_fails_whole(srv: &Server) {
     const LARGE: usize = 12 << 20;
     let front = Front::new(srv);
@@ -754,6 +755,56 @@ fn a_store_in_parts_survives_faults_or_fails_whole(srv: &Server) {
         "{}",
         srv.name()
     );
+
+    // A store (or gateway) without multipart uploads: the first large store is sent as one
+    // PUT instead, and later ones go straight to one PUT.
+    let tier = front.tier(json!({"store_part_bytes": 5 << 20}), json!({}));
+    let mut pool = Pool::new(4, LARGE);
+    pool.fill_random(530);
+    pool.register(&tier);
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = asked.clone();
+    front.proxy.set_rule(move |r| {
+        if r.method == "POST" && r.path.contains("uploads") {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Fault::Answer {
+                status: 501,
+                code: "NotImplemented",
+                in_header: false,
+            };
+        }
+        Fault::Pass
+    });
+    // (The client repeats a 5xx answer as it would any other before it gives up on it.)
+    let mut asked_after = Vec::new();
+    for job in 0..2u64 {
+        tier.submit(JobKind::Store, 10 + job, &[job], keys(&[960 + job]))
+            .unwrap();
+        let r = wait_all(&tier, 1).remove(&(10 + job)).unwrap();
+        assert_eq!(
+            r.key_status,
+            vec![Status::Ok],
+            "{}: {}",
+            srv.name(),
+            r.message
+        );
+        asked_after.push(asked.load(std::sync::atomic::Ordering::SeqCst));
+    }
+    assert!(
+        asked_after[0] >= 1,
+        "{}: no multipart upload asked for",
+        srv.name()
+    );
+    assert_eq!(
+        asked_after[1],
+        asked_after[0],
+        "{}: multipart uploads asked for after the store refused them",
+        srv.name()
+    );
+    tier.submit(JobKind::Load, 12, &[2, 3], keys(&[960, 961]))
+        .unwrap();
+    let r = wait_all(&tier, 1).remove(&12).unwrap();
+    assert_loaded_bytes(&pool, &r, &[2, 3], &[0, 1]);
 }
 
 /// The first GET of every object comes back with one byte flipped by the proxy while the

@@ -107,6 +107,9 @@ pub struct Store {
     /// The store refused a whole batch delete (a server without DeleteObjects): later
     /// deletes of many objects go one at a time.
     batch_delete_refused: AtomicBool,
+    /// The store refused a multipart upload as something it does not do: later large
+    /// objects go up as one PUT each.
+    multipart_refused: AtomicBool,
 }
 
 /// What a block write found.
@@ -245,6 +248,7 @@ impl Store {
             damaged_uploads: AtomicU64::new(0),
             retries,
             batch_delete_refused: AtomicBool::new(false),
+            multipart_refused: AtomicBool::new(false),
         })
     }
 
@@ -380,10 +384,16 @@ impl Store {
             store_part_bytes, ..
         } = self.backend
         {
-            if store_part_bytes > 0 && body.content_length() > store_part_bytes {
-                return self
-                    .put_in_parts(path, body, attributes, create, store_part_bytes)
+            if store_part_bytes > 0
+                && body.content_length() > store_part_bytes
+                && !self.multipart_refused.load(Ordering::Relaxed)
+            {
+                let parts = self
+                    .put_in_parts(path, &body, &attributes, create, store_part_bytes)
                     .await;
+                if let Some(written) = parts {
+                    return written;
+                }
             }
         }
         let mode = if create {
@@ -422,31 +432,48 @@ impl Store {
     /// parts all in flight at once. `object_store` completes a multipart upload without a
     /// condition, so a `create` asks first whether the object is there (two tiers storing
     /// the same new block at the same moment may then both upload it: the same bytes,
-    /// written twice).
+    /// written twice). `None`: the store does not do multipart uploads (told once; the
+    /// caller sends one PUT, as it will for every large object from now on).
     async fn put_in_parts(
         &self,
         path: &Path,
-        body: PutPayload,
-        attributes: object_store::Attributes,
+        body: &PutPayload,
+        attributes: &object_store::Attributes,
         create: bool,
         part_len: usize,
-    ) -> Result<Written> {
-        if create && self.exists(path, false).await? {
-            return Ok(Written::AlreadyStored);
+    ) -> Option<Result<Written>> {
+        if create {
+            match self.exists(path, false).await {
+                Ok(true) => return Some(Ok(Written::AlreadyStored)),
+                Ok(false) => {}
+                Err(e) => return Some(Err(e)),
+            }
         }
-        let parts = multipart::split(&body, part_len);
-        drop(body);
-        classify::repeat_refused_uploads(
+        let parts = multipart::split(body, part_len);
+        let uploaded = classify::repeat_refused_uploads(
             &self.client,
             path,
             PutMode::Overwrite,
             self.max_retries,
             &self.damaged_uploads,
-            |_| multipart::upload(&self.client, path, &parts, &attributes),
+            |_| multipart::upload(&self.client, path, &parts, attributes),
         )
-        .await
-        .map(|_| Written::Stored)
-        .map_err(|e| op_error("store", path, &e))
+        .await;
+        match uploaded {
+            Ok(_) => Some(Ok(Written::Stored)),
+            Err(e) if multipart::refused_as_unsupported(&e) => {
+                if !self.multipart_refused.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "{}: the store does not take multipart uploads ({}); objects above \
+                         store.store_part_bytes go up as one PUT each (set it to 0 to say so)",
+                        self.describe,
+                        e.chain()
+                    );
+                }
+                None
+            }
+            Err(e) => Some(Err(op_error("store", path, &e))),
+        }
     }
 
     /// Reads the object at `path` into `slot`, which it must fill exactly. `checksum`

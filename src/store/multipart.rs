@@ -82,6 +82,14 @@ pub(super) async fn upload(
     outcome
 }
 
+/// Whether a failed upload was refused as a request the store does not do (a server or
+/// gateway without multipart uploads answers 501 NotImplemented, or 405), rather than
+/// failed.
+pub(super) fn refused_as_unsupported(failed: &Failed) -> bool {
+    matches!(failed.http_status(), Some(501 | 405))
+        || matches!(failed.code(), Some("NotImplemented" | "MethodNotAllowed"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
