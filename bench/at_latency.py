@@ -14,9 +14,9 @@ side. Prints batch times in milliseconds and in round trips, the most connection
 at once, and the shaper's own CPU.
 
 Stores and loads: 8 objects of 32 MiB, 4 jobs in flight, through the same link capped at
-`--connection-mbps` (100 MB/s) a connection, with parts (`store_part_bytes` and
-`load_part_bytes`, 8 MiB by default: multipart uploads and ranged GETs) and with one
-request per object (0) side by side: MiB/s, the connections opened, and the client's CPU
+`--connection-mbps` (100 MB/s) a connection, with parts (`store_part_bytes`, 16 MiB by
+default, and 8 MiB: multipart uploads; `load_part_bytes`, 8 MiB by default: ranged GETs)
+and with one request per object (0) side by side: MiB/s, the connections opened, and the client's CPU
 per GiB. Every byte is compared: loaded ones with what was stored, stored ones by reading
 them back straight from the server. Writes bench/results/latency.md.
 """
@@ -164,6 +164,14 @@ def store_large(port):
     return data
 
 
+def parts_label(op, part_bytes):
+    if part_bytes is None:
+        return "8 MiB (default)" if op == "load" else "16 MiB (default)"
+    if part_bytes == 0:
+        return f"off (one {'GET' if op == 'load' else 'PUT'})"
+    return f"{part_bytes >> 20} MiB"
+
+
 def run_large(port, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4):
     """LARGE_COUNT stores or loads (`op`) of 32 MiB through the shaper, `in_flight` at once,
     with parts of the default size (`part_bytes` None) or one request per object (0). Stores
@@ -204,7 +212,7 @@ def run_large(port, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4)
     assert memory == stored, f"a byte read back after the {op}s differs from the block"
     gib = LARGE * LARGE_COUNT / (1 << 30)
     return {"op": op, "rtt_ms": rtt_ms,
-            "parts": "8 MiB (default)" if part_bytes is None else f"off (one {'GET' if op == 'load' else 'PUT'})",
+            "parts": parts_label(op, part_bytes),
             "mib_s": LARGE * LARGE_COUNT / (1 << 20) / took, "per_op_s": took * in_flight / LARGE_COUNT,
             "connections": after["accepted"] - before["accepted"], "cpu_s_per_gib": cpu / gib}
 
@@ -232,7 +240,7 @@ def main():
             large = []
             for op in ("store", "load"):
                 for rtt in args.rtt:
-                    for part_bytes in (None, 0):
+                    for part_bytes in ((None, 8 << 20, 0) if op == "store" else (None, 0)):
                         row = run_large(port, stored, rtt, args.connection_mbps, part_bytes, op,
                                         key_base=2000 + 100 * len(large))
                         log(json.dumps(row))

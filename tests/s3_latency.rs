@@ -153,15 +153,15 @@ fn a_large_load_comes_down_several_connections(srv: &Server) {
     }
 }
 
-/// A store of an object larger than `store_part_bytes` (8 MiB by default) sends its parts
+/// A store of an object larger than `store_part_bytes` (16 MiB by default) sends its parts
 /// as one multipart upload, all at once on connections of their own: a 32 MiB block goes
-/// up four connections; with parts turned off, one. Either way the object loads byte-exact
+/// up two connections, four with 8 MiB parts, one with parts turned off. Either way the object loads byte-exact
 /// with its checksum verified, and a conditional store of a key already there sends nothing.
 fn a_large_store_goes_up_several_connections(srv: &Server) {
     const LARGE: usize = 32 << 20;
     let bucket = srv.new_bucket();
     let store = srv.store_json(&bucket);
-    let mut pool = Pool::new(4, LARGE);
+    let mut pool = Pool::new(6, LARGE);
     pool.fill_random(29);
     let shaper = Shaper::start(
         srv.port(),
@@ -178,7 +178,7 @@ fn a_large_store_goes_up_several_connections(srv: &Server) {
         }
         Tier::from_json(&tier_json(through_link, json!({}))).unwrap()
     };
-    for (part_bytes, slot, connections) in [(None, 0, 4), (Some(0), 1, 1)] {
+    for (part_bytes, slot, connections) in [(None, 0, 2), (Some(8 << 20), 1, 4), (Some(0), 2, 1)] {
         let writer = through_link(part_bytes);
         // SAFETY: the pool outlives the tier; the store only reads it.
         unsafe { writer.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
