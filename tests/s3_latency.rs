@@ -21,6 +21,12 @@ const BLOCK: usize = 4096;
 const BATCH: u64 = 256;
 /// Long enough that requests sent one wave after another could not pass for one wave.
 const ROUND_TRIP: Duration = Duration::from_millis(50);
+/// The link large objects cross: a remote store's round trip and per-connection cap.
+const LARGE_OBJECT_LINK: Link = Link {
+    round_trip: Duration::from_millis(20),
+    per_connection: Some(100_000_000),
+    total: None,
+};
 
 /// A 256-key existence check through a link with a round trip sends all 256 requests at
 /// once with the default configuration (so the batch costs about one round trip, plus one
@@ -112,14 +118,7 @@ fn a_large_load_comes_down_several_connections(srv: &Server) {
     writer.submit(JobKind::Store, 1, &[0], keys(&[7])).unwrap();
     assert!(wait_all(&writer, 1)[&1].succeeded());
 
-    let shaper = Shaper::start(
-        srv.port(),
-        Link {
-            round_trip: Duration::from_millis(20),
-            per_connection: Some(100_000_000),
-            total: None,
-        },
-    );
+    let shaper = Shaper::start(srv.port(), LARGE_OBJECT_LINK);
     for (part_bytes, slot, connections) in [(None, 1, 4), (Some(0), 2, 1)] {
         let mut through_link = with(store.clone(), "endpoint_override", json!(shaper.endpoint()));
         if let Some(part_bytes) = part_bytes {
@@ -163,14 +162,7 @@ fn a_large_store_goes_up_several_connections(srv: &Server) {
     let store = srv.store_json(&bucket);
     let mut pool = Pool::new(6, LARGE);
     pool.fill_random(29);
-    let shaper = Shaper::start(
-        srv.port(),
-        Link {
-            round_trip: Duration::from_millis(20),
-            per_connection: Some(100_000_000),
-            total: None,
-        },
-    );
+    let shaper = Shaper::start(srv.port(), LARGE_OBJECT_LINK);
     let through_link = |part_bytes: Option<u64>| {
         let mut through_link = with(store.clone(), "endpoint_override", json!(shaper.endpoint()));
         if let Some(part_bytes) = part_bytes {
