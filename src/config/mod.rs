@@ -393,15 +393,16 @@ pub struct S3Config {
     /// object.
     #[serde(default = "default_load_part_bytes")]
     pub load_part_bytes: u64,
-    /// A store of an object larger than this many bytes uploads it as a multipart upload
-    /// of parts this size (the last one shorter), all parts in flight at once on
-    /// connections of their own, each sent straight from the block. A remote store caps
-    /// what one connection moves, so a large object stores as fast as its parts'
-    /// connections together; a small one stays one PUT (a multipart upload costs two
-    /// requests more). With `dedup: "conditional"` such a store asks first whether the
-    /// object is there (a multipart completion is not conditional: two tiers storing the
-    /// same new block at once may both upload it). At least 5 MiB, S3's smallest part. 0:
-    /// one PUT per object.
+    /// A store of an object of at least twice this many bytes uploads it as a multipart
+    /// upload of parts this size (the last one takes the remainder, so no part is small),
+    /// all parts in flight at once on connections of their own, each sent straight from
+    /// the block. A remote store caps what one connection moves, so a large object stores
+    /// as fast as its parts' connections together; a smaller one stays one PUT (a
+    /// multipart upload costs two requests more, and the server assembles it). With
+    /// `dedup: "conditional"` such a store asks first whether the object is there (a
+    /// multipart completion is not conditional: two tiers storing the same new block at
+    /// once may both upload it). At least 5 MiB, S3's smallest part. 0: one PUT per
+    /// object.
     #[serde(default = "default_store_part_bytes")]
     pub store_part_bytes: u64,
 }
@@ -419,8 +420,8 @@ pub(crate) const MIN_STORE_PART_BYTES: u64 = 5 << 20;
 
 /// Larger than `load_part_bytes`: a multipart upload costs the server more than ranged
 /// GETs do (it assembles the parts), which on a nearby store outweighs what the parts gain
-/// (s3s-fs on loopback: 16 MiB blocks as two parts stored at 0.57x one PUT's rate). Blocks
-/// up to 16 MiB stay one PUT; vLLM chunks above it go up in parts.
+/// (s3s-fs on loopback: 16 MiB blocks as two parts stored at 0.57x one PUT's rate). Objects
+/// under 32 MiB stay one PUT; vLLM chunks of 32 MiB and more go up in parts.
 fn default_store_part_bytes() -> u64 {
     16 << 20
 }

@@ -68,7 +68,7 @@ enum Backend {
         credentials: CredentialSource,
         /// PUTs carry `x-amz-checksum-crc64nvme` (unless `req_checksum: "required"`).
         upload_checksum: bool,
-        /// Objects larger than this are stored as multipart uploads of parts this size;
+        /// Objects of two parts or more of this size are stored as multipart uploads;
         /// 0: never.
         store_part_bytes: usize,
     },
@@ -384,8 +384,7 @@ impl Store {
             store_part_bytes, ..
         } = self.backend
         {
-            if store_part_bytes > 0
-                && body.content_length() > store_part_bytes
+            if multipart::part_count(body.content_length(), store_part_bytes) >= 2
                 && !self.multipart_refused.load(Ordering::Relaxed)
             {
                 let parts = self
@@ -428,7 +427,7 @@ impl Store {
         }
     }
 
-    /// [`Store::put_object`] of a body larger than `part_len`: one multipart upload, its
+    /// [`Store::put_object`] of a body of two parts or more: one multipart upload, its
     /// parts all in flight at once. `object_store` completes a multipart upload without a
     /// condition, so a `create` asks first whether the object is there (two tiers storing
     /// the same new block at the same moment may then both upload it: the same bytes,

@@ -12,13 +12,28 @@ use object_store::{Attributes, PutMultipartOptions, PutPayload, PutResult};
 use super::classify::{answered, error_chain, Failed};
 use super::DynStore;
 
-/// `body` cut into parts of `part_len` bytes (the last one shorter), each a list of views
-/// of the body's pieces.
+/// How many parts a body of `len` bytes is cut into with parts of `part_len`: whole parts
+/// only, the last one taking the remainder (so no part is small). Fewer than two: the body
+/// goes up as one PUT.
+pub(super) fn part_count(len: usize, part_len: usize) -> usize {
+    len.checked_div(part_len).unwrap_or(0)
+}
+
+/// `body` cut into [`part_count`] parts of `part_len` bytes, the last one with the
+/// remainder, each a list of views of the body's pieces.
 pub(super) fn split(body: &PutPayload, part_len: usize) -> Vec<PutPayload> {
-    assert!(part_len > 0, "parts of no bytes");
-    let mut parts = Vec::with_capacity(body.content_length().div_ceil(part_len));
+    let count = part_count(body.content_length(), part_len).max(1);
+    let mut parts = Vec::with_capacity(count);
     let mut part: Vec<Bytes> = Vec::new();
-    let mut room = part_len;
+    // Bytes still to go into the current part; the last part takes all that is left.
+    let room_of = |index: usize| {
+        if index + 1 < count {
+            part_len
+        } else {
+            usize::MAX
+        }
+    };
+    let mut room = room_of(0);
     for piece in body.iter() {
         let mut at = 0;
         while at < piece.len() {
@@ -28,7 +43,7 @@ pub(super) fn split(body: &PutPayload, part_len: usize) -> Vec<PutPayload> {
             room -= take;
             if room == 0 {
                 parts.push(std::mem::take(&mut part).into_iter().collect());
-                room = part_len;
+                room = room_of(parts.len());
             }
         }
     }
@@ -94,26 +109,23 @@ pub(super) fn refused_as_unsupported(failed: &Failed) -> bool {
 mod tests {
     use super::*;
 
-    /// Parts cover the body in order, each `part_len` long but the last, over pieces of
-    /// any lengths, and are views of the pieces (no copy).
+    /// Parts cover the body in order, each `part_len` long but the last, which takes the
+    /// remainder, over pieces of any lengths, and are views of the pieces (no copy).
     #[test]
     fn parts_cover_the_body_in_order() {
         let whole: Vec<u8> = (0..100u8).collect();
         let pieces = [&whole[..7], &whole[7..40], &whole[40..41], &whole[41..]];
         let body: PutPayload = pieces.iter().map(|p| Bytes::copy_from_slice(p)).collect();
-        for part_len in [1, 6, 7, 10, 33, 99, 100, 101, 1000] {
+        for part_len in [1, 6, 7, 10, 33, 49, 50, 51, 99, 100, 101, 1000] {
             let parts = split(&body, part_len);
-            assert_eq!(
-                parts.len(),
-                100usize.div_ceil(part_len),
-                "part_len {part_len}"
-            );
+            let count = (100 / part_len).max(1);
+            assert_eq!(parts.len(), count, "part_len {part_len}");
             let mut joined = Vec::new();
             for (i, part) in parts.iter().enumerate() {
-                let want = if i + 1 < parts.len() {
+                let want = if i + 1 < count {
                     part_len
                 } else {
-                    100 - part_len * (parts.len() - 1)
+                    100 - part_len * (count - 1)
                 };
                 assert_eq!(part.content_length(), want, "part {i} of {part_len}");
                 part.iter().for_each(|b| joined.extend_from_slice(b));
@@ -127,5 +139,14 @@ mod tests {
             first_piece.as_ptr(),
             "a part is a view of the body"
         );
+    }
+
+    #[test]
+    fn only_whole_parts_count() {
+        assert_eq!(part_count(32 << 20, 16 << 20), 2);
+        assert_eq!(part_count((32 << 20) - 1, 16 << 20), 1);
+        assert_eq!(part_count((16 << 20) + 4160, 16 << 20), 1);
+        assert_eq!(part_count(40 << 20, 8 << 20), 5);
+        assert_eq!(part_count(5, 0), 0);
     }
 }
