@@ -49,7 +49,9 @@ pub struct TierConfig {
     /// requests, not threads.
     #[serde(default = "default_runtime_threads")]
     pub runtime_threads: usize,
-    /// Store and load requests in flight at once.
+    /// Blocks stored and loaded at once (each a request, or the parts of a large object:
+    /// `store.store_part_bytes`, `store.load_part_bytes`, which are used while a quarter of
+    /// this or fewer are in flight).
     #[serde(default = "default_inflight_transfers")]
     pub max_inflight_transfers: usize,
     /// Threads that run blocking file I/O (the local store's reads and writes, DNS
@@ -389,8 +391,9 @@ pub struct S3Config {
     /// parts of this size, each a ranged GET on its own connection, all in flight at once,
     /// each landing in its place in the block; the checksum is still checked over the whole
     /// block. A remote store caps what one connection moves, so a large object (vLLM chunks
-    /// of several blocks) loads as fast as its parts' connections together. 0: one GET per
-    /// object.
+    /// of several blocks) loads as fast as its parts' connections together. Parts are used
+    /// while a quarter of `max_inflight_transfers` or fewer are in flight: beyond that the
+    /// jobs already keep many connections busy. 0: one GET per object.
     #[serde(default = "default_load_part_bytes")]
     pub load_part_bytes: u64,
     /// A store of an object of at least twice this many bytes uploads it as a multipart
@@ -401,8 +404,9 @@ pub struct S3Config {
     /// multipart upload costs two requests more, and the server assembles it). With
     /// `dedup: "conditional"` such a store asks first whether the object is there (a
     /// multipart completion is not conditional: two tiers storing the same new block at
-    /// once may both upload it). At least 5 MiB, S3's smallest part. 0: one PUT per
-    /// object.
+    /// once may both upload it). Parts are used while a quarter of `max_inflight_transfers`
+    /// or fewer are in flight, as for loads. At least 5 MiB, S3's smallest part. 0: one PUT
+    /// per object.
     #[serde(default = "default_store_part_bytes")]
     pub store_part_bytes: u64,
 }

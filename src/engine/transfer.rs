@@ -178,7 +178,13 @@ async fn store_block(
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;
     let (written, crc) = shared
         .store
-        .write_block(name, body, shared.config.checksums, create)
+        .write_block(
+            name,
+            body,
+            shared.config.checksums,
+            create,
+            shared.transfer_may_use_parts(),
+        )
         .await?;
     match written {
         Written::Stored => {
@@ -347,7 +353,13 @@ async fn read_verified(
     let verify = shared.config.checksums;
     let read = shared
         .store
-        .read_block(name, slot, verify, allow_direct)
+        .read_block(
+            name,
+            slot,
+            verify,
+            allow_direct,
+            shared.transfer_may_use_parts(),
+        )
         .await?;
     if !verify {
         return Ok(());

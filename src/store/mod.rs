@@ -332,12 +332,14 @@ impl Store {
     /// returned (the local store computes it piece by piece as it writes, on its file I/O
     /// thread; the others before the upload); `create` asks the store to refuse the write
     /// if the object exists (conditional PUT), which then answers [`Written::AlreadyStored`].
+    /// `parts` lets a large object go up as a multipart upload (`store_part_bytes`).
     pub(crate) async fn write_block(
         &self,
         path: &Path,
         body: PutPayload,
         checksum: bool,
         create: bool,
+        parts: bool,
     ) -> Result<(Written, Option<u32>)> {
         if let Backend::Local { files } = &self.backend {
             let (files, name) = (files.clone(), path.to_string());
@@ -351,7 +353,7 @@ impl Store {
             body.iter()
                 .fold(0, |crc, piece| integrity::checksum_append(crc, piece))
         });
-        self.put_object(path, body, crc, create)
+        self.put_object(path, body, crc, create, parts)
             .await
             .map(|written| (written, crc))
     }
@@ -362,6 +364,7 @@ impl Store {
         body: PutPayload,
         crc: Option<u32>,
         create: bool,
+        parts: bool,
     ) -> Result<Written> {
         let attributes = match (crc, &self.backend) {
             (None, _) => Default::default(),
@@ -384,7 +387,8 @@ impl Store {
             store_part_bytes, ..
         } = self.backend
         {
-            if multipart::part_count(body.content_length(), store_part_bytes) >= 2
+            if parts
+                && multipart::part_count(body.content_length(), store_part_bytes) >= 2
                 && !self.multipart_refused.load(Ordering::Relaxed)
             {
                 let parts = self
@@ -477,7 +481,8 @@ impl Store {
 
     /// Reads the object at `path` into `slot`, which it must fill exactly. `checksum`
     /// computes the CRC32C of the bytes read; `allow_direct` lets a plain-http S3 endpoint
-    /// answer on the direct path (falling back to the client on anything unexpected).
+    /// answer on the direct path (falling back to the client on anything unexpected);
+    /// `parts` lets the direct path read a large object as ranged parts (`load_part_bytes`).
     /// On error the slot may hold partial data.
     pub(crate) async fn read_block(
         &self,
@@ -485,6 +490,7 @@ impl Store {
         slot: &mut BlockSlot,
         checksum: bool,
         allow_direct: bool,
+        parts: bool,
     ) -> Result<ReadBlock> {
         if let Backend::Local { files } = &self.backend {
             let (files, name, mut dest) = (files.clone(), path.to_string(), slot.reborrow());
@@ -496,7 +502,7 @@ impl Store {
         if let (Some(direct), true) = (&self.direct, allow_direct) {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             let block_bytes = slot.len();
-            match direct.get_into(path.as_ref(), slot, checksum).await {
+            match direct.get_into(path.as_ref(), slot, checksum, parts).await {
                 Ok((recorded, computed)) => {
                     return Ok(ReadBlock {
                         recorded,
@@ -546,7 +552,7 @@ impl Store {
     /// Writes `body` at `path` as a store job does (overwriting), its checksum recorded
     /// beside it where a load looks for it: for tools that check a store end to end.
     pub async fn put_block(&self, path: &Path, body: Bytes) -> Result<()> {
-        self.write_block(path, PutPayload::from_bytes(body), true, false)
+        self.write_block(path, PutPayload::from_bytes(body), true, false, true)
             .await
             .map(|_| ())
     }

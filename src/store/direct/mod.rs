@@ -151,18 +151,20 @@ impl DirectHttp {
     /// GETs bytes `0..dest.len()` of object `name` into `dest`, piece after piece. Returns the CRC32C the
     /// object records (`x-amz-meta-kvtier-crc32c`) and, when `crc` is set, the CRC32C of
     /// the bytes read. On any error `dest` may hold partial data. An object larger than
-    /// `load_part_bytes` is read as parts in parallel ([`DirectHttp::get_parts_into`]).
+    /// `load_part_bytes` is read as parts in parallel ([`DirectHttp::get_parts_into`]) when
+    /// `parts` allows it.
     pub(crate) async fn get_into(
         &self,
         name: &str,
         dest: &mut BlockSlot,
         crc: bool,
+        parts: bool,
     ) -> Result<(Option<u32>, u32), DirectError> {
         if dest.len() == 0 {
             return Err(DirectError::Fallback("empty block".into()));
         }
         let credential = self.credential().await?;
-        if self.load_part_bytes > 0 && dest.len() > self.load_part_bytes {
+        if parts && self.load_part_bytes > 0 && dest.len() > self.load_part_bytes {
             return self.get_parts_into(name, dest, crc, &credential).await;
         }
         let object_len = dest.len();
@@ -761,7 +763,7 @@ mod tests {
         let mut block = [0u8; 10];
         let got = s
             .direct
-            .get_into("kv/a", &mut BlockSlot::of_buffer(&mut block), true)
+            .get_into("kv/a", &mut BlockSlot::of_buffer(&mut block), true, true)
             .await;
         if got.is_ok() {
             assert_eq!(&block, b"0123456789");
