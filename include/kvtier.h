@@ -285,7 +285,7 @@ typedef struct kvt_stats {
   uint64_t dedup_known;
   // Store keys that waited for a concurrent upload of the same key instead of uploading.
   uint64_t dedup_joined;
-  // Store keys the store already held (conditional PUT answered 412).
+  // Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
   uint64_t dedup_already_stored;
   // Loads and existence checks sent on the direct HTTP path (`store.direct_http`).
   uint64_t direct_requests;
