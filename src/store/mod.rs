@@ -391,10 +391,10 @@ impl Store {
                 && multipart::part_count(body.content_length(), store_part_bytes) >= 2
                 && !self.multipart_refused.load(Ordering::Relaxed)
             {
-                let parts = self
+                let in_parts = self
                     .put_in_parts(path, &body, &attributes, create, store_part_bytes)
                     .await;
-                if let Some(written) = parts {
+                if let Some(written) = in_parts {
                     return written;
                 }
             }
@@ -467,8 +467,9 @@ impl Store {
             Err(e) if multipart::refused_as_unsupported(&e) => {
                 if !self.multipart_refused.swap(true, Ordering::Relaxed) {
                     log::warn!(
-                        "{}: the store does not take multipart uploads ({}); objects above \
-                         store.store_part_bytes go up as one PUT each (set it to 0 to say so)",
+                        "{}: the store does not take multipart uploads ({}); objects of two \
+                         store.store_part_bytes or more go up as one PUT each (set it to 0 to \
+                         say so)",
                         self.describe,
                         e.chain()
                     );
