@@ -40,7 +40,15 @@
  *   with each other and with kvt_tier_poll. kvt_tier_poll must not run concurrently with
  *   itself on one tier. kvt_tier_shutdown and kvt_tier_free must not run concurrently
  *   with any other call on that tier. Only kvt_tier_new (start-up probe),
- *   kvt_tier_drain, kvt_tier_shutdown and kvt_tier_free block.
+ *   kvt_tier_drain, kvt_tier_evict_now, kvt_tier_clear, kvt_tier_shutdown and
+ *   kvt_tier_free block.
+ *
+ * Signals. A host need not ignore SIGPIPE. The library's own threads block it, so a
+ *   write to a connection the server has reset fails that request (sent again, or the
+ *   job's error) and never raises SIGPIPE in the host. The calls that do network I/O on
+ *   the caller's thread (kvt_tier_new, kvt_tier_evict_now, kvt_tier_clear) block SIGPIPE
+ *   for their duration, discard one they raised, and put the caller's signal mask back.
+ *   The library installs no signal handler and changes no process-wide disposition.
  *
  * Lifecycle.
  *   After kvt_tier_shutdown: kvt_tier_poll, kvt_tier_take_events, kvt_tier_stats,

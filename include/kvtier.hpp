@@ -28,6 +28,7 @@
 // the same Tier. lookup, schedule_end, request_finished, check_now, stats, metrics, location,
 // evict_now and clear are thread-safe; take_events/take_kv_events must not run concurrently with
 // themselves (each call releases the previous call's key buffers; the wrapper copies them).
+// Signals follow kvtier.h too: a host need not ignore SIGPIPE.
 //
 // Ownership and lifetime. A Tier owns its kvt_tier and frees it exactly once (destructor
 // or reset()). Spans passed in are borrowed for the call only; the registered pool stays

@@ -3,7 +3,8 @@
 //! Rooms, with data flowing one way (caller → engine → store):
 //! * [`Tier`] and the rest of `engine`: job table, transfers, dedup, lookups, events, stats;
 //! * [`store`]: the store clients (local, memory, S3, Azure Blob, GCS) and the direct HTTP path;
-//! * `integrity`: block checksums; `redact`: credentials kept out of messages; [`key`]: key layout and object names; [`config`];
+//! * `integrity`: block checksums; `redact`: credentials kept out of messages; `signals`:
+//!   SIGPIPE kept off the host; [`key`]: key layout and object names; [`config`];
 //!   [`namespace`]: vLLM's namespace string; `memory`: the caller's memory (host pool,
 //!   regions, the pieces of a key's object);
 //! * `ffi`: the C ABI (`include/kvtier.h`), a thin layer over the same Rust API: its own
@@ -21,6 +22,7 @@ pub mod key;
 mod memory;
 pub mod namespace;
 mod redact;
+mod signals;
 pub mod store;
 
 pub use config::TierConfig;

@@ -67,6 +67,7 @@ import pytest
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("needs vLLM (scripts/install-tools.sh installs it)", allow_module_level=True)
 
+import c_programs  # noqa: E402
 import kvtier  # noqa: E402
 from kvtier.errors import Status  # noqa: E402
 from kvtier.vllm import build_tier_config  # noqa: E402
@@ -442,27 +443,6 @@ def kvtier_cli() -> str:
     return str(cli)
 
 
-def build_c_worker(work: Path) -> str:
-    """ffi-tests/fleet_worker.c against include/kvtier.h and the library the package loads."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("needs a C compiler for the C engine")
-    work.mkdir(parents=True, exist_ok=True)
-    lib = Path(kvtier.library_path()).resolve()
-    soname = work / "libkvtier.so.0"  # the name the program is linked against
-    if soname.is_symlink() or soname.exists():
-        soname.unlink()
-    soname.symlink_to(lib)
-    exe = work / "fleet_worker"
-    include = ROOT / "include"
-    build = subprocess.run(
-        [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{include}", str(C_WORKER),
-         str(soname), f"-Wl,-rpath,{work}", "-o", str(exe)],
-        capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    return str(exe)
-
-
 def worker_env() -> dict:
     env = dict(os.environ)
     package_root = str(Path(kvtier.__file__).resolve().parent.parent)  # the kvtier this test imports
@@ -493,7 +473,7 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
     """Runs the fleet on one store and returns every worker's report (nothing asserted
     beyond the workers' own liveness; see ``check``)."""
     cli = kvtier_cli()
-    c_exe = build_c_worker(work / "c")
+    c_exe = c_programs.build(C_WORKER, work / "c")
     env = worker_env()
     py = sys.executable
     key_seed = random.randrange(1, 1 << 32)

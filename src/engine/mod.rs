@@ -180,9 +180,11 @@ impl Tier {
             config.transfer_thread_nice,
         )?;
         let probe_name = layout.probe_name();
-        let probe = runtime.block_on(store.probe(&probe_name))?;
-        let dedup_mode = runtime.block_on(dedup::choose_mode(&store, &probe_name, config.dedup))?;
-        let upload_check = runtime.block_on(store.checks_uploads(&probe_name));
+        let (probe, dedup_mode, upload_check) = runtime::block_on_caller_thread(&runtime, async {
+            let probe = store.probe(&probe_name).await?;
+            let dedup_mode = dedup::choose_mode(&store, &probe_name, config.dedup).await?;
+            Ok::<_, Error>((probe, dedup_mode, store.checks_uploads(&probe_name).await))
+        })?;
         if let UploadCheck::HeaderRefused(answer) = &upload_check {
             return Err(Error::config(format!(
                 "{} refuses a PUT that carries the checksum header x-amz-checksum-crc64nvme ({answer}): \
@@ -826,8 +828,13 @@ impl Tier {
             return Err(Error::state("the tier has no eviction configured"));
         };
         let shared = self.shared.clone();
-        self.with_runtime(|rt| rt.block_on(async move { eviction::round(&shared, &config).await }))
-            .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(
+                rt,
+                async move { eviction::round(&shared, &config).await },
+            )
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
     }
 
     /// Deletes every block of the tier's namespace (the objects under its prefix and
@@ -844,7 +851,9 @@ impl Tier {
         };
         let shared = self.shared.clone();
         self.with_runtime(|rt| {
-            rt.block_on(async move { eviction::round(&shared, &everything).await })
+            runtime::block_on_caller_thread(rt, async move {
+                eviction::round(&shared, &everything).await
+            })
         })
         .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
     }

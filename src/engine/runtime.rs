@@ -35,6 +35,15 @@ pub(crate) fn is_tier_thread(thread: &std::thread::Thread) -> bool {
     thread.name().is_some_and(|n| n.starts_with(THREAD_PREFIX))
 }
 
+/// Runs `future` to completion on the caller's thread (a blocking call of the API), with
+/// SIGPIPE kept off it: the host's thread may do socket writes meanwhile.
+pub(crate) fn block_on_caller_thread<F: std::future::Future>(
+    runtime: &Runtime,
+    future: F,
+) -> F::Output {
+    crate::signals::without_sigpipe_on_caller_thread(|| runtime.block_on(future))
+}
+
 /// An I/O runtime for `lane` with `threads` workers and at most `blocking_threads`
 /// threads for blocking file I/O (tokio's default would let that pool grow to 512 under
 /// load), each at `nice` (0 = unchanged), and a store client built inside it (an HTTP
@@ -52,6 +61,7 @@ pub(crate) fn runtime_with_store(
         .max_blocking_threads(blocking_threads)
         .thread_name(name.clone())
         .on_thread_start(move || {
+            crate::signals::block_sigpipe_on_library_thread();
             if nice > 0 {
                 // SAFETY: plain syscalls on the calling thread's own id. gettid through
                 // syscall(2): glibc's wrapper is 2.30's, above the wheels' 2.28 floor.

@@ -391,6 +391,7 @@ impl ProfileCredentials {
         let first = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
+                    crate::signals::block_sigpipe_on_library_thread();
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
