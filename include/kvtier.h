@@ -295,7 +295,7 @@ typedef struct kvt_stats {
   uint64_t dedup_joined;
   // Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
   uint64_t dedup_already_stored;
-  // Loads and existence checks sent on the direct HTTP path (`store.direct_http`).
+  // Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).
   uint64_t direct_requests;
   // Of those, the ones repeated through the general HTTP client after an unexpected
   // answer or a transport error.

@@ -411,7 +411,7 @@ fn tier_restarts_on_the_same_bucket(srv: &Server) {
     }
 }
 
-fn direct_path_carries_loads_and_lookups(srv: &Server) {
+fn direct_path_carries_stores_loads_and_lookups(srv: &Server) {
     // The same workload with the direct HTTP path on (the default for plain-http
     // endpoints), on with lookups sharing the transfer lane's connections, and off:
     // identical bytes and answers, and the counters say which path carried the requests.
@@ -464,8 +464,8 @@ fn direct_path_carries_loads_and_lookups(srv: &Server) {
         if direct {
             assert_eq!(
                 stats.direct_requests,
-                8 + 5,
-                "{case}: 8 loads and 5 HEADs go direct: {stats:?}"
+                4 + 8 + 5,
+                "{case}: 4 stores, 8 loads and 5 HEADs go direct: {stats:?}"
             );
             assert_eq!(stats.direct_fallbacks, 0, "{case}: {stats:?}");
         } else {
@@ -646,7 +646,7 @@ on_both_servers!(
     exists_helper,
     exists_and_tier_without_list_permission,
     tier_restarts_on_the_same_bucket,
-    direct_path_carries_loads_and_lookups,
+    direct_path_carries_stores_loads_and_lookups,
     non_ascii_names_hit_and_load_on_both_paths,
     probe_leftovers_do_not_accumulate_when_delete_is_denied,
 );

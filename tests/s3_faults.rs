@@ -430,29 +430,36 @@ fn server_killed_mid_job_then_restarted() {
 }
 
 fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
-    // The first GET and the first HEAD of every object answer 503: that is the direct
-    // path's attempt (loads and lookups try it first). Each is repeated through the
+    // The first PUT, GET and HEAD of every object answer 503: that is the direct path's
+    // attempt (stores, loads and lookups try it first). Each is repeated through the
     // general client, which the proxy lets pass. A 404 is final: no second request.
     let rig = Front::new(srv);
     let tier = rig.tier(json!({"max_retries": 0}), json!({}));
     let mut pool = Pool::new(16, BLOCK);
     pool.fill_random(77);
     pool.register(&tier);
-    let ids: Vec<u64> = (0..6).collect();
-    tier.submit(JobKind::Store, 1, &ids, keys(&ids)).unwrap();
-    assert!(wait_all(&tier, 1)[&1].succeeded());
     let seen = std::sync::Mutex::new(std::collections::HashSet::new());
     rig.proxy.set_rule(move |r| {
         let first = seen
             .lock()
             .unwrap()
             .insert((r.method.clone(), r.path.clone()));
-        if first && (r.method == "GET" || r.method == "HEAD") && r.path.ends_with(".bin") {
+        if first && ["PUT", "GET", "HEAD"].contains(&r.method.as_str()) && r.path.ends_with(".bin")
+        {
             Fault::Status(503)
         } else {
             Fault::Pass
         }
     });
+    let ids: Vec<u64> = (0..6).collect();
+    tier.submit(JobKind::Store, 1, &ids, keys(&ids)).unwrap();
+    assert!(wait_all(&tier, 1)[&1].succeeded());
+    let stats = tier.stats();
+    assert_eq!(
+        (stats.direct_requests, stats.direct_fallbacks),
+        (6, 6),
+        "{stats:?}"
+    );
     let slots: Vec<u64> = (8..14).collect();
     tier.submit(JobKind::Load, 2, &slots, keys(&ids)).unwrap();
     let r = wait_all(&tier, 1).remove(&2).unwrap();
@@ -461,7 +468,7 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
     let stats = tier.stats();
     assert_eq!(
         (stats.direct_requests, stats.direct_fallbacks),
-        (6, 6),
+        (12, 12),
         "{stats:?}"
     );
 
@@ -474,7 +481,7 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
     let stats = tier.stats();
     assert_eq!(
         (stats.direct_requests, stats.direct_fallbacks),
-        (9, 9),
+        (15, 15),
         "{stats:?}"
     );
 
@@ -489,7 +496,7 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
         1,
         "a 404 is not asked twice"
     );
-    assert_eq!(tier.stats().direct_fallbacks, 9);
+    assert_eq!(tier.stats().direct_fallbacks, 15);
 }
 
 // ------------------------------------------------------------------------------------

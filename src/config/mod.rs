@@ -380,10 +380,15 @@ pub struct S3Config {
     #[schemars(with = "bool")]
     pub allow_http: bool,
     /// Path-style http and https endpoints: loads read response bodies straight into the
-    /// block (on https, from rustls's record buffer) and existence checks send HEADs on
-    /// pooled connections, instead of going through the general HTTP client (one copy and
-    /// ~60 µs of CPU less per request). Unexpected answers are repeated through the general
-    /// client; on https the direct path trusts what the general client trusts.
+    /// block (on https, from rustls's record buffer), stores send a block's pieces (the
+    /// ranges it is made of) behind the request head in one `writev`, and existence checks
+    /// send HEADs on pooled connections, instead of going through the general HTTP client
+    /// (one copy and ~60 µs of CPU less per request). Unexpected answers are repeated
+    /// through the general client; on https the direct path trusts what the general client
+    /// trusts. Stores keep to the general client with `payload_signing`, and when the
+    /// environment sets server-side encryption, requester pays or a default content type
+    /// for it (`AWS_SERVER_SIDE_ENCRYPTION`, `AWS_SSE_*`, `AWS_REQUEST_PAYER`,
+    /// `AWS_DEFAULT_CONTENT_TYPE`).
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     #[schemars(with = "bool")]
     pub direct_http: bool,

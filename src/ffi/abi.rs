@@ -128,7 +128,7 @@ pub struct kvt_stats {
     pub dedup_joined: u64,
     /// Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
     pub dedup_already_stored: u64,
-    /// Loads and existence checks sent on the direct HTTP path (`store.direct_http`).
+    /// Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).
     pub direct_requests: u64,
     /// Of those, the ones repeated through the general HTTP client after an unexpected
     /// answer or a transport error.

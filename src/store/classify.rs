@@ -268,8 +268,13 @@ pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
 /// nothing was stored. S3 answers `BadDigest` (checksum headers, Content-MD5) or
 /// `XAmzContentSHA256Mismatch` (a signed payload); Azure `Md5Mismatch`/`Crc64Mismatch`.
 pub(crate) fn is_damaged_body(failed: &Failed) -> bool {
+    failed.answer.as_ref().is_some_and(is_damaged_answer)
+}
+
+/// [`is_damaged_body`], from the answer itself.
+pub(crate) fn is_damaged_answer(answer: &Answer) -> bool {
     matches!(
-        failed.code(),
+        answer.code.as_deref(),
         Some(
             "BadDigest"
                 | "InvalidDigest"
@@ -281,33 +286,59 @@ pub(crate) fn is_damaged_body(failed: &Failed) -> bool {
     )
 }
 
-/// `put_opts`, repeated up to `retries` times with exponential backoff and jitter, as
-/// `object_store` does for the requests it repeats itself, when the server refused the body
-/// as damaged in transit (counted in `damaged`), and, for a create (`PutMode::Create`), on
-/// a timeout or a cut connection, which `object_store` does not repeat for a PUT it deems
-/// not idempotent. A repeated create answered 412 comes back as `AlreadyExists`: the object
-/// is in the store.
-pub(super) async fn put_with_retries(
-    store: &DynStore,
+/// A direct PUT's answer (`Ok` for a 200) as the general client's would be read: stored;
+/// `AlreadyExists` for a conditional PUT's 412 or 304; a failure with the answer for a
+/// refusal that settles something (4xx; a damaged body among them, which the caller repeats);
+/// `None` for what `object_store` retries itself (5xx, 408, 429) and for a 409 (a
+/// conditional write conflict, which it reads its own way): the caller sends those through it.
+pub(super) fn direct_put_answer(
     path: &Path,
-    payload: object_store::PutPayload,
-    options: object_store::PutOptions,
-    retries: usize,
-    damaged: &std::sync::atomic::AtomicU64,
-) -> Result<object_store::PutResult, Failed> {
-    let mode = options.mode.clone();
-    repeat_refused_uploads(store, path, mode, retries, damaged, |mode| {
-        let options = object_store::PutOptions {
-            mode,
-            ..options.clone()
-        };
-        answered(store.put_opts(path, payload.clone(), options))
-    })
-    .await
+    answer: Result<(), Answer>,
+    create: bool,
+) -> Option<Result<object_store::PutResult, Failed>> {
+    let answer = match answer {
+        Ok(()) => {
+            return Some(Ok(object_store::PutResult {
+                e_tag: None,
+                version: None,
+                extensions: Default::default(),
+            }))
+        }
+        Err(answer) => answer,
+    };
+    let text = format!(
+        "direct PUT answered HTTP {}{}",
+        answer.status,
+        answer
+            .code
+            .as_deref()
+            .map(|c| format!(" ({c})"))
+            .unwrap_or_default()
+    );
+    let error = match answer.status {
+        304 | 412 if create => object_store::Error::AlreadyExists {
+            path: path.to_string(),
+            source: text.into(),
+        },
+        408 | 409 | 429 => return None,
+        400..=499 => object_store::Error::Generic {
+            store: "S3",
+            source: text.into(),
+        },
+        _ => return None,
+    };
+    Some(Err(Failed {
+        error,
+        answer: Some(answer),
+    }))
 }
 
-/// Runs `upload` (given the mode to write with) and repeats it as [`put_with_retries`]
-/// says; the repeat of a body refused as damaged overwrites.
+/// Runs `upload` (given the mode to write with) and repeats it up to `retries` times with
+/// exponential backoff and jitter, as `object_store` does for the requests it repeats
+/// itself, when the server refused the body as damaged in transit (counted in `damaged`;
+/// the repeat overwrites), and, for a create (`PutMode::Create`), on a timeout or a cut
+/// connection, which `object_store` does not repeat for a PUT it deems not idempotent. A
+/// repeated create answered 412 comes back as `AlreadyExists`: the object is in the store.
 pub(super) async fn repeat_refused_uploads<F>(
     store: &DynStore,
     path: &Path,

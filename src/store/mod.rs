@@ -405,23 +405,42 @@ impl Store {
             PutMode::Overwrite
         };
         let options = PutOptions {
-            mode,
+            mode: mode.clone(),
             attributes,
             ..Default::default()
         };
         // A body the server refused as damaged in transit, and a conditional PUT cut short by
         // a timeout or a reset, are repeated here: object_store repeats neither (a 400, and
-        // a PUT it deems not idempotent); a repeat that finds the object is a 412.
-        match classify::put_with_retries(
+        // a PUT it deems not idempotent); a repeat that finds the object is a 412. The first
+        // attempt goes on the direct path where there is one.
+        let mut first = true;
+        let stored = classify::repeat_refused_uploads(
             &self.client,
             path,
-            body,
-            options,
+            mode,
             self.max_retries,
             &self.damaged_uploads,
+            |mode| {
+                let options = PutOptions {
+                    mode,
+                    ..options.clone()
+                };
+                let direct_first = std::mem::take(&mut first);
+                let body = &body;
+                async move {
+                    if direct_first {
+                        if let Some(answered) =
+                            self.put_direct(path, body, crc, &options.mode).await
+                        {
+                            return answered;
+                        }
+                    }
+                    answered(self.client.put_opts(path, body.clone(), options)).await
+                }
+            },
         )
-        .await
-        {
+        .await;
+        match stored {
             Ok(_) => Ok(Written::Stored),
             Err(Failed {
                 error: object_store::Error::AlreadyExists { .. },
@@ -429,6 +448,50 @@ impl Store {
             }) => Ok(Written::AlreadyStored),
             Err(e) => Err(op_error("store", path, &e)),
         }
+    }
+
+    /// The first attempt of a single PUT, on the direct path of an S3 store that has one:
+    /// the store's answer as the general client's would be read, or `None` (no direct path,
+    /// or no answer, or one that `object_store` should retry itself) to send it through the
+    /// client.
+    async fn put_direct(
+        &self,
+        path: &Path,
+        body: &PutPayload,
+        crc: Option<u32>,
+        mode: &PutMode,
+    ) -> Option<std::result::Result<object_store::PutResult, Failed>> {
+        let (
+            Some(direct),
+            Backend::S3 {
+                upload_checksum, ..
+            },
+        ) = (&self.direct, &self.backend)
+        else {
+            return None;
+        };
+        if !direct.puts() {
+            return None;
+        }
+        let create = matches!(mode, PutMode::Create);
+        self.direct_requests.fetch_add(1, Ordering::Relaxed);
+        let put = direct::PutRequest {
+            body,
+            recorded_crc: crc,
+            upload_checksum: *upload_checksum,
+            create,
+        };
+        let outcome = match direct.put_from(path.as_ref(), put).await {
+            Ok(answer) => classify::direct_put_answer(path, answer, create),
+            Err(e) => {
+                log::debug!("store {path}: direct PUT failed ({e:?}); repeating it through the store client");
+                None
+            }
+        };
+        if outcome.is_none() {
+            self.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
     }
 
     /// [`Store::put_object`] of a body of two parts or more: one multipart upload, its

@@ -1,12 +1,16 @@
 //! The direct HTTP path of an S3 store: loads read the response body from the socket
-//! straight into the destination block, and existence checks send a HEAD on a pooled
-//! connection.
+//! straight into the destination block, stores write a block's pieces (the ranges it is
+//! made of) from caller memory in one `writev`, and existence checks send a HEAD on a
+//! pooled connection.
 //!
 //! Why: `object_store` (reqwest/hyper) hands a body over as `Bytes` chunks of hyper's read
 //! buffer, so a load through it costs the kernel's copy into that buffer plus a user-space
 //! copy into the block. Here the response head is read into a small buffer and the body is
 //! read into the block itself, with its CRC32C computed while each piece is still in cache.
 //! A HEAD skips the general client's request pipeline (retry wrapper, reqwest, hyper).
+//! A store through `object_store` goes as hyper writes a body: at most 16 buffers per
+//! `writev`, so a block of 64 ranges takes 4-5 calls where a contiguous one takes one; here
+//! the head and every piece go in one call (up to 1024 buffers).
 //!
 //! Scope: http and https endpoints with path-style addressing, when `store.direct_http` is
 //! on (the default). Virtual-hosted endpoints and endpoints with a path prefix always go
@@ -21,8 +25,9 @@
 //! the `object_store` client ([`request`]); response heads are parsed by `httparse` and held
 //! to strict framing rules ([`response`]).
 //!
-//! Failure policy: a 404 is answered directly; a body of the wrong length fails the key;
-//! anything else unexpected (403, 5xx, a reset, a timeout, a malformed or ambiguously framed
+//! Failure policy: a 404 is answered directly; a body of the wrong length fails the key; a
+//! PUT's answer goes to the caller as it is (`classify::direct_put_answer` reads it as the
+//! general client's would be read); anything else unexpected (403, 5xx, a reset, a timeout, a malformed or ambiguously framed
 //! response, a request that cannot be built) returns [`DirectError::Fallback`] and the caller
 //! repeats the request through `object_store`, which owns retries, backoff and error
 //! classification. A connection goes back to the pool only after an exchange that left
@@ -36,6 +41,7 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine;
 use http::Method;
 use object_store::aws::{AwsCredential, AwsCredentialProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -93,7 +99,32 @@ pub(crate) struct DirectHttp {
     idle: Mutex<Vec<Conn>>,
     /// Loads of larger objects read parts of this size in parallel; 0: never.
     load_part_bytes: usize,
+    /// Whether stores may take the direct path ([`DirectHttp::puts`]).
+    puts: bool,
 }
+
+/// One PUT of a whole object on the direct path.
+pub(crate) struct PutRequest<'a> {
+    /// The object's bytes, piece after piece (views of caller memory, or a sealed copy).
+    pub(crate) body: &'a object_store::PutPayload,
+    /// The CRC32C to record as the object's metadata (`x-amz-meta-kvtier-crc32c`).
+    pub(crate) recorded_crc: Option<u32>,
+    /// Whether to send `x-amz-checksum-crc64nvme` for the server to verify.
+    pub(crate) upload_checksum: bool,
+    /// Whether the server must refuse the PUT if the object exists (`If-None-Match: *`).
+    pub(crate) create: bool,
+}
+
+/// Environment variables by which `object_store` (`AmazonS3Builder::from_env`) adds headers
+/// to its PUTs that the direct path would not send: such a store's PUTs stay with it.
+const PUT_HEADER_SETTINGS: [&str; 6] = [
+    "AWS_SERVER_SIDE_ENCRYPTION",
+    "AWS_SSE_KMS_KEY_ID",
+    "AWS_SSE_BUCKET_KEY_ENABLED",
+    "AWS_SSE_CUSTOMER_KEY_BASE64",
+    "AWS_REQUEST_PAYER",
+    "AWS_DEFAULT_CONTENT_TYPE",
+];
 
 impl DirectHttp {
     /// The direct path of an S3 store, when its configuration allows one.
@@ -145,7 +176,54 @@ impl DirectHttp {
             tls,
             idle: Mutex::new(Vec::new()),
             load_part_bytes: usize::try_from(s3.load_part_bytes).unwrap_or(usize::MAX),
+            puts: !s3.payload_signing
+                && PUT_HEADER_SETTINGS
+                    .iter()
+                    .all(|name| std::env::var_os(name).is_none()),
         }))
+    }
+
+    /// Whether stores take the direct path: not when the payload is to be signed (its
+    /// SHA-256 in the signature: `store.payload_signing`), nor when the environment gives
+    /// `object_store` PUT headers of its own (server-side encryption, requester pays, a
+    /// content type).
+    pub(crate) fn puts(&self) -> bool {
+        self.puts
+    }
+
+    /// PUTs object `name` whole: the request head and every piece of the body in one
+    /// `writev` on plain TCP, straight from where the pieces are. `Ok(Ok(()))` for a 200,
+    /// `Ok(Err(answer))` for any other answer; no answer (a reset, a timeout, a malformed
+    /// response) is [`DirectError::Fallback`].
+    pub(crate) async fn put_from(
+        &self,
+        name: &str,
+        put: PutRequest<'_>,
+    ) -> Result<Result<(), Answer>, DirectError> {
+        let credential = self.credential().await?;
+        let mut headers = Vec::with_capacity(3);
+        if put.create {
+            headers.push(("if-none-match".to_string(), "*".to_string()));
+        }
+        if put.upload_checksum {
+            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme);
+            put.body.iter().for_each(|piece| digest.update(piece));
+            let crc64 =
+                base64::engine::general_purpose::STANDARD.encode(digest.finalize().to_be_bytes());
+            headers.push(("x-amz-checksum-crc64nvme".to_string(), crc64));
+        }
+        if let Some(crc) = put.recorded_crc {
+            headers.push((
+                format!("x-amz-meta-{}", integrity::CRC_METADATA),
+                integrity::format_crc(crc),
+            ));
+        }
+        let request = self
+            .target
+            .put_head(name, put.body.content_length(), &headers, &credential)
+            .map_err(DirectError::Fallback)?;
+        let mut exchange = PutFrom { body: put.body };
+        self.round_trip(&request, &mut exchange).await
     }
 
     /// GETs bytes `0..dest.len()` of object `name` into `dest`, piece after piece. Returns the CRC32C the
@@ -375,6 +453,18 @@ impl Exchange for GetInto<'_> {
     }
 }
 
+/// A PUT of `body`: the answer is `Ok` for a 200, else the store's answer.
+struct PutFrom<'a> {
+    body: &'a object_store::PutPayload,
+}
+
+impl Exchange for PutFrom<'_> {
+    type Answer = Result<(), Answer>;
+    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Answer, bool)> {
+        put_exchange(conn, request, self.body).await
+    }
+}
+
 /// A HEAD: the answer is the status.
 struct Head;
 
@@ -398,6 +488,12 @@ fn eof(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, what.to_string())
 }
 
+/// A failure after the response head arrived: the server did answer on this connection,
+/// so it was not stale, and the request is not repeated on a fresh one ([`is_stale`]).
+fn after_head(e: io::Error) -> io::Error {
+    io::Error::other(format!("after the response head: {e}"))
+}
+
 /// Sends `request` and reads the response head into `buf`. Returns the parsed head and how
 /// many bytes of `buf` were filled (the body's first bytes follow the head).
 async fn send_and_read_head(
@@ -408,6 +504,12 @@ async fn send_and_read_head(
     conn.write_all(request).await?;
     // TLS: rustls may hold part of the request until flushed.
     conn.flush().await?;
+    read_head(conn, buf).await
+}
+
+/// Reads a response head into `buf`. Returns the parsed head and how many bytes of `buf`
+/// were filled (the body's first bytes follow the head).
+async fn read_head(conn: &mut Conn, buf: &mut Vec<u8>) -> io::Result<(ResponseHead, usize)> {
     buf.resize(4096, 0);
     let mut filled = 0usize;
     loop {
@@ -495,9 +597,9 @@ async fn get_exchange(
         }
         // Up to READ_PIECE bytes, across the slot's pieces, in one read.
         let mut slices = dest.slices_at(done, READ_PIECE);
-        let n = conn.read_vectored(&mut slices).await?;
+        let n = conn.read_vectored(&mut slices).await.map_err(after_head)?;
         if n == 0 {
-            return Err(eof("body cut short"));
+            return Err(after_head(eof("body cut short")));
         }
         if crc {
             let mut left = n;
@@ -565,18 +667,7 @@ async fn error_answer(
     length: u64,
     early: &[u8],
 ) -> io::Result<(GetOutcome, bool)> {
-    if length > MAX_ERROR_BODY {
-        return Err(io::Error::other(format!(
-            "HTTP {} with a {length}-byte body",
-            head.status
-        )));
-    }
-    let length = length as usize;
-    let (early, surplus) = early.split_at(early.len().min(length));
-    let mut body = vec![0u8; length];
-    body[..early.len()].copy_from_slice(early);
-    conn.read_exact(&mut body[early.len()..]).await?;
-    let answer = Answer::of(head.status, None, &body);
+    let (answer, reusable) = read_answer(conn, head, length, early).await?;
     let code = answer.code.as_deref().unwrap_or("");
     let outcome = match head.status {
         // A missing bucket or key, as the general client's failures are read.
@@ -589,7 +680,70 @@ async fn error_answer(
         }
         status => DirectError::Fallback(format!("HTTP {status} {code}")),
     };
-    Ok((Err(outcome), !head.close && surplus.is_empty()))
+    Ok((Err(outcome), reusable))
+}
+
+/// Reads an answer's (small) body of `length` bytes, `early` of them read with the head,
+/// so the connection stays usable, and returns the answer with its error code and whether
+/// the connection can be reused.
+async fn read_answer(
+    conn: &mut Conn,
+    head: &ResponseHead,
+    length: u64,
+    early: &[u8],
+) -> io::Result<(Answer, bool)> {
+    if length > MAX_ERROR_BODY {
+        return Err(io::Error::other(format!(
+            "HTTP {} with a {length}-byte body",
+            head.status
+        )));
+    }
+    let length = length as usize;
+    let (early, surplus) = early.split_at(early.len().min(length));
+    let mut body = vec![0u8; length];
+    body[..early.len()].copy_from_slice(early);
+    conn.read_exact(&mut body[early.len()..])
+        .await
+        .map_err(after_head)?;
+    let answer = Answer::of(head.status, None, &body);
+    Ok((answer, !head.close && surplus.is_empty()))
+}
+
+/// One PUT exchange: the head and `body`'s pieces written whole, then the answer read.
+/// Returns `Ok` for a 200, else the store's answer, and whether the connection can be
+/// reused. An answer not framed by Content-Length is read no further, and its connection
+/// not reused.
+async fn put_exchange(
+    conn: &mut Conn,
+    request: &[u8],
+    body: &object_store::PutPayload,
+) -> io::Result<(Result<(), Answer>, bool)> {
+    let mut pieces: Vec<&[u8]> = vec![request];
+    pieces.extend(body.iter().map(|piece| piece.as_ref()));
+    conn.write_all_pieces(&pieces).await?;
+    let mut buf = Vec::new();
+    let (head, filled) = read_head(conn, &mut buf).await?;
+    let early = &buf[head.len..filled];
+    let Some(length) = head.content_length.filter(|_| !head.transfer_encoding) else {
+        let answer = Answer::of(head.status, None, early);
+        return Ok((
+            if head.status == 200 {
+                Ok(())
+            } else {
+                Err(answer)
+            },
+            false,
+        ));
+    };
+    let (answer, reusable) = read_answer(conn, &head, length, early).await?;
+    Ok((
+        if head.status == 200 {
+            Ok(())
+        } else {
+            Err(answer)
+        },
+        reusable,
+    ))
 }
 
 /// One HEAD exchange (a HEAD response has no body, whatever its Content-Length says).

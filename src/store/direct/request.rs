@@ -106,16 +106,35 @@ impl Target {
         range: Option<(usize, usize)>,
         credential: &AwsCredential,
     ) -> Result<Vec<u8>, String> {
-        self.signed_head(method, name, range, credential, false, None)
+        self.signed_head(method, name, range, &[], credential, false, None)
     }
 
-    /// [`Target::head`], signing the (empty) payload's SHA-256 instead when `sign_payload`,
+    /// A signed `PUT` head for a body of `content_length` bytes, with `headers` (lowercase
+    /// names) signed too. The payload is declared `UNSIGNED-PAYLOAD`: the body's integrity
+    /// is the checksum header's job, as on the general client's PUTs.
+    pub(super) fn put_head(
+        &self,
+        name: &str,
+        content_length: usize,
+        headers: &[(String, String)],
+        credential: &AwsCredential,
+    ) -> Result<Vec<u8>, String> {
+        let mut all = Vec::with_capacity(headers.len() + 1);
+        all.push(("content-length".to_string(), content_length.to_string()));
+        all.extend(headers.iter().cloned());
+        self.signed_head(Method::PUT, name, None, &all, credential, false, None)
+    }
+
+    /// [`Target::head`] with `headers` added (and signed, but for `content-length`, which
+    /// SigV4 leaves out), signing the (empty) payload's SHA-256 instead when `sign_payload`,
     /// with `crypto` instead of `object_store`'s default provider when given.
+    #[allow(clippy::too_many_arguments)]
     fn signed_head(
         &self,
         method: Method,
         name: &str,
         range: Option<(usize, usize)>,
+        headers: &[(String, String)],
         credential: &AwsCredential,
         sign_payload: bool,
         crypto: Option<&dyn CryptoProvider>,
@@ -148,6 +167,9 @@ impl Target {
                 .and_then(|n| n.checked_add(start))
                 .ok_or("an empty range")?;
             builder = builder.header(header::RANGE, format!("bytes={start}-{last}"));
+        }
+        for (name, value) in headers {
+            builder = builder.header(name.as_str(), value.as_str());
         }
         let mut request = builder
             .body(HttpRequestBody::empty())
@@ -323,6 +345,7 @@ mod tests {
                 Method::GET,
                 "test.txt",
                 Some((0, 10)),
+                &[],
                 &credential(None),
                 true,
                 Some(&PinnedClock),
@@ -628,5 +651,39 @@ mod tests {
                 elapsed.as_secs_f64() * 1e6 / 10_000.0
             );
         }
+    }
+
+    #[test]
+    fn a_put_head_signs_its_headers_but_the_length() {
+        let headers = [
+            ("if-none-match".to_string(), "*".to_string()),
+            (
+                "x-amz-meta-kvtier-crc32c".to_string(),
+                "0000beef".to_string(),
+            ),
+        ];
+        let head = text(
+            target("http://127.0.0.1:9000")
+                .put_head("a/b.bin", 2 << 20, &headers, &credential(Some("token")))
+                .unwrap(),
+        );
+        assert!(
+            head.starts_with("PUT /examplebucket/a/b.bin HTTP/1.1\r\nhost: 127.0.0.1:9000\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\ncontent-length: 2097152\r\n"), "{head}");
+        assert!(head.contains("\r\nif-none-match: *\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(
+                "SignedHeaders=host;if-none-match;x-amz-content-sha256;x-amz-date;\
+                 x-amz-meta-kvtier-crc32c;x-amz-security-token,"
+            ),
+            "{head}"
+        );
+        assert!(head.ends_with("\r\n\r\n"), "{head}");
     }
 }
