@@ -429,6 +429,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_direct_puts_answer_is_read_as_the_general_clients() {
+        let path = Path::from("kv/a.bin");
+        let answer = |status, code: Option<&str>| Answer {
+            status,
+            code: code.map(str::to_string),
+        };
+        assert!(matches!(
+            direct_put_answer(&path, Ok(()), true),
+            Some(Ok(_))
+        ));
+        for status in [304, 412] {
+            let read = direct_put_answer(&path, Err(answer(status, None)), true);
+            assert!(
+                matches!(&read, Some(Err(f)) if matches!(f.error, object_store::Error::AlreadyExists { .. })),
+                "{status}: {read:?}"
+            );
+            // Without a condition, a 412 is no "already stored".
+            let read = direct_put_answer(&path, Err(answer(status, None)), false);
+            assert!(
+                !matches!(&read, Some(Err(f)) if matches!(f.error, object_store::Error::AlreadyExists { .. })),
+                "{status}: {read:?}"
+            );
+        }
+        // Refusals that settle something keep the answer, so that classification and the
+        // repeat of a damaged body see it.
+        let damaged = direct_put_answer(&path, Err(answer(400, Some("BadDigest"))), true)
+            .unwrap()
+            .unwrap_err();
+        assert!(is_damaged_body(&damaged), "{damaged:?}");
+        let denied = direct_put_answer(&path, Err(answer(403, Some("AccessDenied"))), false)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(classify(&denied), Status::PermissionDenied);
+        assert!(
+            denied.chain().contains("AccessDenied"),
+            "{}",
+            denied.chain()
+        );
+        // What object_store retries itself, and a conditional conflict, go to it.
+        for status in [408, 409, 429, 500, 503] {
+            assert!(
+                direct_put_answer(&path, Err(answer(status, None)), true).is_none(),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
     fn codes_map_to_statuses() {
         assert_eq!(
             status_of_s3_code("SignatureDoesNotMatch"),
