@@ -49,6 +49,21 @@ pub(crate) fn format_crc(crc: u32) -> String {
     format!("{crc:08x}")
 }
 
+/// `crc` extended over the first `n` bytes of `slices`, in order (what a vectored read of
+/// `n` bytes filled).
+pub(crate) fn checksum_slices(mut crc: u32, slices: &[std::io::IoSliceMut<'_>], n: usize) -> u32 {
+    let mut left = n;
+    for slice in slices {
+        if left == 0 {
+            break;
+        }
+        let take = slice.len().min(left);
+        crc = checksum_append(crc, &slice[..take]);
+        left -= take;
+    }
+    crc
+}
+
 /// A recorded checksum: 8 hex digits.
 pub(crate) fn parse_crc(text: &str) -> Option<u32> {
     u32::from_str_radix(text.trim(), 16).ok()

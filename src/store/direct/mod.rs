@@ -602,15 +602,7 @@ async fn get_exchange(
             return Err(after_head(eof("body cut short")));
         }
         if crc {
-            let mut left = n;
-            for slice in &slices {
-                let take = slice.len().min(left);
-                sum = integrity::checksum_append(sum, &slice[..take]);
-                left -= take;
-                if left == 0 {
-                    break;
-                }
-            }
+            sum = integrity::checksum_slices(sum, &slices, n);
         }
         done += n;
     }
