@@ -32,28 +32,47 @@ pub(crate) fn block_sigpipe_on_library_thread() {
 
 /// Runs `f` on the caller's thread with SIGPIPE blocked, then discards a SIGPIPE that
 /// became pending on this thread meanwhile (one pending before is left alone) and puts the
-/// caller's signal mask back as it was.
+/// caller's signal mask back as it was, also when `f` panics.
 pub(crate) fn without_sigpipe_on_caller_thread<T>(f: impl FnOnce() -> T) -> T {
-    let set = sigpipe_set();
-    let mut old = MaybeUninit::<libc::sigset_t>::uninit();
-    // SAFETY: changes only the calling thread's signal mask, keeping the old one.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, old.as_mut_ptr()) };
-    // SAFETY: pthread_sigmask filled `old`.
-    let old = unsafe { old.assume_init() };
-    let pending_before = sigpipe_pending();
-    let out = f();
-    if !pending_before && sigpipe_pending() {
-        let zero = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: takes the pending SIGPIPE off this thread (it is blocked, so no handler
-        // runs); a zero timeout never waits.
-        unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) };
+    let _blocked = CallerSigpipeBlocked::new();
+    f()
+}
+
+/// SIGPIPE blocked on the caller's thread while this lives ([`without_sigpipe_on_caller_thread`]).
+struct CallerSigpipeBlocked {
+    old_mask: libc::sigset_t,
+    pending_before: bool,
+}
+
+impl CallerSigpipeBlocked {
+    fn new() -> Self {
+        let set = sigpipe_set();
+        let mut old = MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: changes only the calling thread's signal mask, keeping the old one.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, old.as_mut_ptr()) };
+        CallerSigpipeBlocked {
+            // SAFETY: pthread_sigmask filled `old`.
+            old_mask: unsafe { old.assume_init() },
+            pending_before: sigpipe_pending(),
+        }
     }
-    // SAFETY: restores the caller's own mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    out
+}
+
+impl Drop for CallerSigpipeBlocked {
+    fn drop(&mut self) {
+        if !self.pending_before && sigpipe_pending() {
+            let set = sigpipe_set();
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: takes the pending SIGPIPE off this thread (it is blocked, so no
+            // handler runs); a zero timeout never waits.
+            unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) };
+        }
+        // SAFETY: restores the caller's own mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut()) };
+    }
 }
 
 fn sigpipe_pending() -> bool {
@@ -105,6 +124,23 @@ mod tests {
                 err
             });
             assert_eq!(err.raw_os_error(), Some(libc::EPIPE));
+            assert!(!sigpipe_pending(), "the raised SIGPIPE was discarded");
+            assert!(!sigpipe_blocked(), "the caller's mask is back");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_panic_inside_still_gives_the_caller_its_mask_back() {
+        std::thread::spawn(|| {
+            let caught = std::panic::catch_unwind(|| {
+                without_sigpipe_on_caller_thread(|| {
+                    write_to_broken_pipe();
+                    panic!("inside");
+                })
+            });
+            assert!(caught.is_err());
             assert!(!sigpipe_pending(), "the raised SIGPIPE was discarded");
             assert!(!sigpipe_blocked(), "the caller's mask is back");
         })

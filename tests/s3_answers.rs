@@ -163,6 +163,31 @@ fn a_body_refused_as_damaged_is_sent_again_by_its_code() {
     assert_eq!(puts - before, 1);
 }
 
+/// A 409 (a conflicting write in flight, which may never complete) fails the store, on the
+/// direct path and on the general client (which reads a 409 as "already exists"): a block
+/// is never reported stored on it.
+#[test]
+fn a_conflict_fails_a_store() {
+    let srv = Server::s3s_fs();
+    for direct in [true, false] {
+        let (proxy, store) = behind_a_proxy(&srv, json!({"max_retries": 0, "direct_http": direct}));
+        proxy.set_rule(answer("PUT", 409, "OperationAborted"));
+        let e = block_on(async {
+            oob_store(&store)
+                .put_block(&object_path("kv/c"), Bytes::from_static(b"block"))
+                .await
+        })
+        .expect_err("a conflict is no store");
+        assert!(e.message.contains("409"), "direct {direct}: {}", e.message);
+        proxy.set_rule(|_| Fault::Pass);
+        assert!(
+            !block_on(async { oob_store(&store).exists(&object_path("kv/c"), false).await })
+                .unwrap(),
+            "direct {direct}: nothing was stored"
+        );
+    }
+}
+
 #[test]
 fn the_probe_reads_access_denied_from_the_code() {
     let srv = Server::s3s_fs();

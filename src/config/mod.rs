@@ -386,9 +386,10 @@ pub struct S3Config {
     /// (one copy and ~60 µs of CPU less per request). Unexpected answers are repeated
     /// through the general client; on https the direct path trusts what the general client
     /// trusts. Stores keep to the general client with `payload_signing`, and when the
-    /// environment sets server-side encryption, requester pays or a default content type
-    /// for it (`AWS_SERVER_SIDE_ENCRYPTION`, `AWS_SSE_*`, `AWS_REQUEST_PAYER`,
-    /// `AWS_DEFAULT_CONTENT_TYPE`).
+    /// environment changes its PUTs (`AWS_SERVER_SIDE_ENCRYPTION`, `AWS_SSE_*`,
+    /// `AWS_REQUEST_PAYER`, `AWS_CHECKSUM_ALGORITHM`, `AWS_CONDITIONAL_PUT`,
+    /// `AWS_SKIP_SIGNATURE`) or sends them through a proxy (`HTTP_PROXY`, `HTTPS_PROXY`,
+    /// `ALL_PROXY`).
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     #[schemars(with = "bool")]
     pub direct_http: bool,

@@ -286,11 +286,20 @@ pub(crate) fn is_damaged_answer(answer: &Answer) -> bool {
     )
 }
 
-/// A direct PUT's answer (`Ok` for a 200) as the general client's would be read: stored;
+/// Whether a failed create means the object is there: `AlreadyExists` from a 412 or 304
+/// (or with no answer seen). Not from a 409, which `object_store` also turns into
+/// `AlreadyExists`: a conflicting write in flight (`ConditionalRequestConflict`,
+/// `OperationAborted`) may still fail, and the block would be reported stored and not be.
+pub(crate) fn found_by_create(failed: &Failed) -> bool {
+    matches!(failed.error, object_store::Error::AlreadyExists { .. })
+        && !matches!(&failed.answer, Some(answer) if answer.status == 409)
+}
+
+/// A direct PUT's answer (`Ok` for a 2xx) as the general client's would be read: stored;
 /// `AlreadyExists` for a conditional PUT's 412 or 304; a failure with the answer for a
-/// refusal that settles something (4xx; a damaged body among them, which the caller repeats);
-/// `None` for what `object_store` retries itself (5xx, 408, 429) and for a 409 (a
-/// conditional write conflict, which it reads its own way): the caller sends those through it.
+/// refusal that settles something (4xx but 408 and 429; a damaged body among them, which
+/// the caller repeats; a 409, a conflicting write, fails the store); `None` for what
+/// `object_store` retries itself (5xx, 408, 429): the caller sends those through it.
 pub(super) fn direct_put_answer(
     path: &Path,
     answer: Result<(), Answer>,
@@ -320,7 +329,7 @@ pub(super) fn direct_put_answer(
             path: path.to_string(),
             source: text.into(),
         },
-        408 | 409 | 429 => return None,
+        408 | 429 => return None,
         400..=499 => object_store::Error::Generic {
             store: "S3",
             source: text.into(),
@@ -467,13 +476,43 @@ mod tests {
             "{}",
             denied.chain()
         );
-        // What object_store retries itself, and a conditional conflict, go to it.
-        for status in [408, 409, 429, 500, 503] {
+        // A conflicting write in flight fails the store: it may never complete.
+        let conflict = direct_put_answer(
+            &path,
+            Err(answer(409, Some("ConditionalRequestConflict"))),
+            true,
+        )
+        .unwrap()
+        .unwrap_err();
+        assert!(!found_by_create(&conflict), "{conflict:?}");
+        // What object_store retries itself goes to it.
+        for status in [408, 429, 500, 503] {
             assert!(
                 direct_put_answer(&path, Err(answer(status, None)), true).is_none(),
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn only_a_412_or_304_says_a_create_found_the_object() {
+        let already = |status: Option<u16>| Failed {
+            error: object_store::Error::AlreadyExists {
+                path: "kv/a.bin".into(),
+                source: "exists".into(),
+            },
+            answer: status.map(|status| Answer { status, code: None }),
+        };
+        assert!(found_by_create(&already(Some(412))));
+        assert!(found_by_create(&already(Some(304))));
+        assert!(found_by_create(&already(None)));
+        // object_store turns a 409 into AlreadyExists too.
+        assert!(!found_by_create(&already(Some(409))));
+        let other = Failed::unanswered(object_store::Error::Generic {
+            store: "S3",
+            source: "no".into(),
+        });
+        assert!(!found_by_create(&other));
     }
 
     #[test]

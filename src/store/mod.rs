@@ -442,10 +442,7 @@ impl Store {
         .await;
         match stored {
             Ok(_) => Ok(Written::Stored),
-            Err(Failed {
-                error: object_store::Error::AlreadyExists { .. },
-                ..
-            }) => Ok(Written::AlreadyStored),
+            Err(e) if create && classify::found_by_create(&e) => Ok(Written::AlreadyStored),
             Err(e) => Err(op_error("store", path, &e)),
         }
     }

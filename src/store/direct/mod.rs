@@ -115,15 +115,27 @@ pub(crate) struct PutRequest<'a> {
     pub(crate) create: bool,
 }
 
-/// Environment variables by which `object_store` (`AmazonS3Builder::from_env`) adds headers
-/// to its PUTs that the direct path would not send: such a store's PUTs stay with it.
-const PUT_HEADER_SETTINGS: [&str; 6] = [
+/// Environment variables under which the general client's PUTs differ from the direct
+/// path's: `object_store` (`AmazonS3Builder::from_env`) adds headers (server-side
+/// encryption, requester pays, another checksum), refuses or skips what the direct path
+/// would send (conditional puts disabled, no signature), or reqwest goes through a proxy
+/// (the store may grant by source address). Under any of them, stores stay with the
+/// general client.
+const GENERAL_PUT_SETTINGS: [&str; 14] = [
     "AWS_SERVER_SIDE_ENCRYPTION",
     "AWS_SSE_KMS_KEY_ID",
     "AWS_SSE_BUCKET_KEY_ENABLED",
     "AWS_SSE_CUSTOMER_KEY_BASE64",
     "AWS_REQUEST_PAYER",
-    "AWS_DEFAULT_CONTENT_TYPE",
+    "AWS_CHECKSUM_ALGORITHM",
+    "AWS_CONDITIONAL_PUT",
+    "AWS_SKIP_SIGNATURE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
 ];
 
 impl DirectHttp {
@@ -177,22 +189,21 @@ impl DirectHttp {
             idle: Mutex::new(Vec::new()),
             load_part_bytes: usize::try_from(s3.load_part_bytes).unwrap_or(usize::MAX),
             puts: !s3.payload_signing
-                && PUT_HEADER_SETTINGS
+                && GENERAL_PUT_SETTINGS
                     .iter()
                     .all(|name| std::env::var_os(name).is_none()),
         }))
     }
 
     /// Whether stores take the direct path: not when the payload is to be signed (its
-    /// SHA-256 in the signature: `store.payload_signing`), nor when the environment gives
-    /// `object_store` PUT headers of its own (server-side encryption, requester pays, a
-    /// content type).
+    /// SHA-256 in the signature: `store.payload_signing`), nor under the environment's
+    /// [`GENERAL_PUT_SETTINGS`].
     pub(crate) fn puts(&self) -> bool {
         self.puts
     }
 
     /// PUTs object `name` whole: the request head and every piece of the body in one
-    /// `writev` on plain TCP, straight from where the pieces are. `Ok(Ok(()))` for a 200,
+    /// `writev` on plain TCP, straight from where the pieces are. `Ok(Ok(()))` for a 2xx,
     /// `Ok(Err(answer))` for any other answer; no answer (a reset, a timeout, a malformed
     /// response) is [`DirectError::Fallback`].
     pub(crate) async fn put_from(
@@ -453,7 +464,7 @@ impl Exchange for GetInto<'_> {
     }
 }
 
-/// A PUT of `body`: the answer is `Ok` for a 200, else the store's answer.
+/// A PUT of `body`: the answer is `Ok` for a 2xx, else the store's answer.
 struct PutFrom<'a> {
     body: &'a object_store::PutPayload,
 }
@@ -702,7 +713,7 @@ async fn read_answer(
 }
 
 /// One PUT exchange: the head and `body`'s pieces written whole, then the answer read.
-/// Returns `Ok` for a 200, else the store's answer, and whether the connection can be
+/// Returns `Ok` for a 2xx, else the store's answer, and whether the connection can be
 /// reused. An answer not framed by Content-Length is read no further, and its connection
 /// not reused.
 async fn put_exchange(
@@ -716,25 +727,17 @@ async fn put_exchange(
     let mut buf = Vec::new();
     let (head, filled) = read_head(conn, &mut buf).await?;
     let early = &buf[head.len..filled];
+    let stored = (200..300).contains(&head.status);
     let Some(length) = head.content_length.filter(|_| !head.transfer_encoding) else {
         let answer = Answer::of(head.status, None, early);
-        return Ok((
-            if head.status == 200 {
-                Ok(())
-            } else {
-                Err(answer)
-            },
-            false,
-        ));
+        return Ok((if stored { Ok(()) } else { Err(answer) }, false));
     };
     let (answer, reusable) = read_answer(conn, &head, length, early).await?;
+    // A server that refused the PUT may have answered before reading the whole body, and
+    // would read the rest as a next request: only a success leaves the connection reusable.
     Ok((
-        if head.status == 200 {
-            Ok(())
-        } else {
-            Err(answer)
-        },
-        reusable,
+        if stored { Ok(()) } else { Err(answer) },
+        reusable && stored,
     ))
 }
 
