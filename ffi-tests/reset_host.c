@@ -11,7 +11,8 @@
  * connection raises SIGPIPE in the writing thread unless the library keeps it off), get
  * exactly one result per job, and never a wrong byte from a load reported OK.
  *
- * Output: one line "RESET_HOST {json}" with the counts (and the tier's retries); exit status 0 when every job had
+ * Output: one line "RESET_HOST {json}" with the counts (and the tier's retries and
+ * direct-path fallbacks); exit status 0 when every job had
  * one result and no load reported OK had a wrong byte, 1 otherwise, 2 on a setup error.
  */
 #define _GNU_SOURCE
@@ -150,7 +151,8 @@ int main(int argc, char **argv)
     kvt_tier_free(tier);
     free(pool);
     printf("RESET_HOST {\"stored\": %ld, \"store_failed\": %ld, \"loaded\": %ld, \"load_failed\": %ld, "
-           "\"wrong\": %ld, \"retries\": %" PRIu64 ", \"one_result_each\": %s}\n",
-           stored, store_failed, loaded, load_failed, wrong, stats.retries, bad ? "false" : "true");
+           "\"wrong\": %ld, \"retries\": %" PRIu64 ", \"direct_fallbacks\": %" PRIu64 ", \"one_result_each\": %s}\n",
+           stored, store_failed, loaded, load_failed, wrong, stats.retries, stats.direct_fallbacks,
+           bad ? "false" : "true");
     return bad || wrong ? 1 : 0;
 }

@@ -42,7 +42,8 @@ fn retry_messages_reach_the_hosts_callback() {
     let srv = Server::s3s_fs();
     let bucket = srv.new_bucket();
     let proxy = Proxy::start(srv.port());
-    // The first PUT of every object is answered 503 SlowDown: the client retries it.
+    // The first PUT of every object is answered 503 SlowDown: the client retries it. On the
+    // general client: a direct PUT's 503 would go to it as a fallback, not as its retry.
     let seen = Mutex::new(std::collections::HashSet::new());
     proxy.set_rule(move |r| {
         if r.method == "PUT"
@@ -55,9 +56,13 @@ fn retry_messages_reach_the_hosts_callback() {
         }
     });
     let store = with(
-        srv.store_json(&bucket),
-        "endpoint_override",
-        json!(proxy.endpoint()),
+        with(
+            srv.store_json(&bucket),
+            "endpoint_override",
+            json!(proxy.endpoint()),
+        ),
+        "direct_http",
+        json!(false),
     );
     // SAFETY: a function with the callback's signature, and a token pointer it only compares.
     let status = unsafe {

@@ -286,13 +286,15 @@ pub(crate) fn is_damaged_answer(answer: &Answer) -> bool {
     )
 }
 
-/// Whether a failed create means the object is there: `AlreadyExists` from a 412 or 304
-/// (or with no answer seen). Not from a 409, which `object_store` also turns into
-/// `AlreadyExists`: a conflicting write in flight (`ConditionalRequestConflict`,
-/// `OperationAborted`) may still fail, and the block would be reported stored and not be.
+/// Whether a failed create means the object is there: `AlreadyExists` from a 412 or 304,
+/// Azure's 409 `BlobAlreadyExists` (or with no answer seen). Not from another 409, which
+/// `object_store` also turns into `AlreadyExists`: a conflicting write in flight (S3's
+/// `ConditionalRequestConflict`, `OperationAborted`) may still fail, and the block would be
+/// reported stored and not be.
 pub(crate) fn found_by_create(failed: &Failed) -> bool {
     matches!(failed.error, object_store::Error::AlreadyExists { .. })
-        && !matches!(&failed.answer, Some(answer) if answer.status == 409)
+        && !matches!(&failed.answer, Some(answer)
+            if answer.status == 409 && answer.code.as_deref() != Some("BlobAlreadyExists"))
 }
 
 /// A direct PUT's answer (`Ok` for a 2xx) as the general client's would be read: stored;
@@ -506,8 +508,11 @@ mod tests {
         assert!(found_by_create(&already(Some(412))));
         assert!(found_by_create(&already(Some(304))));
         assert!(found_by_create(&already(None)));
-        // object_store turns a 409 into AlreadyExists too.
+        // object_store turns a 409 into AlreadyExists too; Azure's create answers one.
         assert!(!found_by_create(&already(Some(409))));
+        let mut azure = already(Some(409));
+        azure.answer.as_mut().unwrap().code = Some("BlobAlreadyExists".into());
+        assert!(found_by_create(&azure));
         let other = Failed::unanswered(object_store::Error::Generic {
             store: "S3",
             source: "no".into(),
