@@ -268,13 +268,8 @@ pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
 /// nothing was stored. S3 answers `BadDigest` (checksum headers, Content-MD5) or
 /// `XAmzContentSHA256Mismatch` (a signed payload); Azure `Md5Mismatch`/`Crc64Mismatch`.
 pub(crate) fn is_damaged_body(failed: &Failed) -> bool {
-    failed.answer.as_ref().is_some_and(is_damaged_answer)
-}
-
-/// [`is_damaged_body`], from the answer itself.
-pub(crate) fn is_damaged_answer(answer: &Answer) -> bool {
     matches!(
-        answer.code.as_deref(),
+        failed.code(),
         Some(
             "BadDigest"
                 | "InvalidDigest"

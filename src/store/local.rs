@@ -403,11 +403,10 @@ impl LocalFiles {
 
 /// `preadv(2)`: reads into `slices` in order from `offset` of `file`, returns the bytes read.
 fn read_vectored_at(
-    file: &std::fs::File,
+    file: &File,
     slices: &mut [io::IoSliceMut<'_>],
     offset: u64,
 ) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
     let count = slices.len().min(MAX_IO_SLICES) as libc::c_int;
     // SAFETY: `IoSliceMut` is ABI-compatible with `iovec` on Unix, and each slice is a
     // valid, writable, exclusively borrowed buffer of its length for the call.
@@ -546,7 +545,6 @@ fn fill(file: &File, body: &PutPayload, checksum: bool, direct: bool) -> io::Res
 /// `pwritev(2)` until all of `pieces` is written from `offset` of `file`; returns the bytes
 /// written.
 fn write_all_vectored_at(file: &File, pieces: &[&[u8]], offset: u64) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
     let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
     let mut left = &mut slices[..];
     let mut written = 0usize;

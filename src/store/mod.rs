@@ -404,8 +404,8 @@ impl Store {
         } else {
             PutMode::Overwrite
         };
+        // Each attempt sets its own mode (a repeat of a damaged body overwrites).
         let options = PutOptions {
-            mode: mode.clone(),
             attributes,
             ..Default::default()
         };

@@ -212,7 +212,7 @@ impl DirectHttp {
         put: PutRequest<'_>,
     ) -> Result<Result<(), Answer>, DirectError> {
         let credential = self.credential().await?;
-        let mut headers = Vec::with_capacity(3);
+        let mut headers = Vec::with_capacity(4);
         if put.create {
             headers.push(("if-none-match".to_string(), "*".to_string()));
         }
@@ -231,7 +231,7 @@ impl DirectHttp {
         }
         let request = self
             .target
-            .put_head(name, put.body.content_length(), &headers, &credential)
+            .put_head(name, put.body.content_length(), headers, &credential)
             .map_err(DirectError::Fallback)?;
         let mut exchange = PutFrom { body: put.body };
         self.round_trip(&request, &mut exchange).await
@@ -728,11 +728,10 @@ async fn put_exchange(
     let (head, filled) = read_head(conn, &mut buf).await?;
     let early = &buf[head.len..filled];
     let stored = (200..300).contains(&head.status);
-    let Some(length) = head.content_length.filter(|_| !head.transfer_encoding) else {
-        let answer = Answer::of(head.status, None, early);
-        return Ok((if stored { Ok(()) } else { Err(answer) }, false));
+    let (answer, reusable) = match head.content_length.filter(|_| !head.transfer_encoding) {
+        Some(length) => read_answer(conn, &head, length, early).await?,
+        None => (Answer::of(head.status, None, early), false),
     };
-    let (answer, reusable) = read_answer(conn, &head, length, early).await?;
     // A server that refused the PUT may have answered before reading the whole body, and
     // would read the rest as a next request: only a success leaves the connection reusable.
     Ok((

@@ -116,13 +116,11 @@ impl Target {
         &self,
         name: &str,
         content_length: usize,
-        headers: &[(String, String)],
+        mut headers: Vec<(String, String)>,
         credential: &AwsCredential,
     ) -> Result<Vec<u8>, String> {
-        let mut all = Vec::with_capacity(headers.len() + 1);
-        all.push(("content-length".to_string(), content_length.to_string()));
-        all.extend(headers.iter().cloned());
-        self.signed_head(Method::PUT, name, None, &all, credential, false, None)
+        headers.push(("content-length".to_string(), content_length.to_string()));
+        self.signed_head(Method::PUT, name, None, &headers, credential, false, None)
     }
 
     /// [`Target::head`] with `headers` added (and signed, but for `content-length`, which
@@ -655,7 +653,7 @@ mod tests {
 
     #[test]
     fn a_put_head_signs_its_headers_but_the_length() {
-        let headers = [
+        let headers = vec![
             ("if-none-match".to_string(), "*".to_string()),
             (
                 "x-amz-meta-kvtier-crc32c".to_string(),
@@ -664,7 +662,7 @@ mod tests {
         ];
         let head = text(
             target("http://127.0.0.1:9000")
-                .put_head("a/b.bin", 2 << 20, &headers, &credential(Some("token")))
+                .put_head("a/b.bin", 2 << 20, headers, &credential(Some("token")))
                 .unwrap(),
         );
         assert!(
