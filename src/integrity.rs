@@ -193,7 +193,10 @@ mod tests {
                 "checksum path {path}"
             );
         }
-        eprintln!("checksum path: {path}");
+        // One write(2): stderr is unbuffered, and the test runner's lines on stdout (merged
+        // by scripts/test-aarch64.sh) would otherwise land between the pieces of this one.
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(format!("checksum path: {path}\n").as_bytes());
         let data: Vec<u8> = (0..(1u32 << 20) + 4099)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
