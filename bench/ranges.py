@@ -5,7 +5,9 @@
     bench/ranges.py --reps 5 --blocks 512
 
 For each store (the local store on /dev/shm, so the device does not hide the client's
-cost, and the in-memory S3 sink of bench/sink) and each N, runs `kvtier bench` (every
+cost, and the in-memory S3 sink of bench/sink, started afresh for every run: it keeps
+what it is sent, and a sink grown by earlier runs slowed stores by up to 3x) and each N,
+runs `kvtier bench` (every
 byte of every round trip verified) with `--ranges-per-block N`: N = 1 is the contiguous
 pool calls, N > 1 a layer-first layout (block b's piece j in region j) through the range
 calls. The runs are interleaved, `--reps` times, and the medians are printed with their
@@ -113,23 +115,29 @@ def main():
     counts = [int(x) for x in args.ranges.split(",")]
     assert counts[0] == 1, "the first count is the contiguous baseline, 1"
     build()
-    sink, port = (None, None)
     stores = args.stores.split(",")
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     tmp = tempfile.mkdtemp(prefix="kvbench-ranges-", dir=base)
-    try:
-        if "sink" in stores:
-            sink, port = start_sink()
-        configs = {
-            "local": {"store": {"type": "local", "path": tmp}, "dedup": "off"},
-            "sink": {"store": {"type": "s3", "bucket": BUCKET, "endpoint_override": f"127.0.0.1:{port}",
-                               "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
-                               "region": "us-east-1"}, "dedup": "off"},
-        }
-        rows = interleaved(args, stores, counts, lambda store, n: run(configs[store], n, args))
-    finally:
-        if sink is not None:
+
+    def run_one(store, n):
+        if store == "local":
+            try:
+                return run({"store": {"type": "local", "path": tmp}, "dedup": "off"}, n, args)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+        sink, port = start_sink()
+        try:
+            return run({"store": {"type": "s3", "bucket": BUCKET, "endpoint_override": f"127.0.0.1:{port}",
+                                  "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+                                  "region": "us-east-1"}, "dedup": "off"}, n, args)
+        finally:
             os.killpg(sink.pid, 15)
+            sink.wait()
+
+    try:
+        rows = interleaved(args, stores, counts, run_one)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [f"# Blocks as ranges against the contiguous pool ({args.block_size} blocks, {args.concurrency} in flight, "

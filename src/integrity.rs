@@ -44,6 +44,39 @@ pub(crate) fn checksum_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
     ) as u32
 }
 
+/// The CRC32C of a body given as pieces, and, when `upload` is set, its CRC64NVME (the
+/// `x-amz-checksum-crc64nvme` an S3 PUT carries), both in one pass: each stretch of
+/// [`CHECKSUM_STRETCH`] bytes is read from memory once and checked twice while in cache.
+/// Two passes over a block read it from memory twice (measured on 2 MiB blocks: 0.136
+/// against 0.105 CPU-s/GiB, 0.152 against 0.111 for 64 scattered pieces).
+pub(crate) fn body_checksums<'a>(
+    pieces: impl IntoIterator<Item = &'a [u8]>,
+    upload: bool,
+) -> (u32, Option<u64>) {
+    let mut crc = 0;
+    let mut crc64 = upload.then(|| crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme));
+    for piece in pieces {
+        for stretch in piece.chunks(CHECKSUM_STRETCH) {
+            crc = checksum_append(crc, stretch);
+            if let Some(digest) = &mut crc64 {
+                digest.update(stretch);
+            }
+        }
+    }
+    (crc, crc64.map(|digest| digest.finalize()))
+}
+
+/// The CRC64NVME of a body given as pieces (`x-amz-checksum-crc64nvme`).
+pub(crate) fn upload_checksum<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme);
+    pieces.into_iter().for_each(|piece| digest.update(piece));
+    digest.finalize()
+}
+
+/// How much of a body [`body_checksums`] checks with both CRCs before moving on: well
+/// inside a core's L2 cache.
+const CHECKSUM_STRETCH: usize = 64 << 10;
+
 /// How a checksum is recorded: 8 lowercase hex digits.
 pub(crate) fn format_crc(crc: u32) -> String {
     format!("{crc:08x}")
@@ -159,6 +192,36 @@ mod tests {
             let (a, b) = data.split_at(split);
             assert_eq!(checksum_append(checksum(a), b), checksum(&data), "{split}");
             assert_eq!(checksum_append(0, &data), checksum(&data));
+        }
+    }
+
+    #[test]
+    fn one_pass_gives_both_checksums_of_any_split() {
+        // CRC-64/NVME's check value (the checksum of "123456789").
+        assert_eq!(upload_checksum([&b"123456789"[..]]), 0xae8b_1486_0a79_9888);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let whole = (checksum(&data), Some(upload_checksum([&data[..]])));
+        for cuts in [
+            vec![],
+            vec![1],
+            vec![65_535, 65_537],
+            vec![100, 4096, 200_000],
+        ] {
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for &cut in cuts.iter().chain([&data.len()]) {
+                pieces.push(&data[from..cut]);
+                from = cut;
+            }
+            assert_eq!(
+                body_checksums(pieces.iter().copied(), true),
+                whole,
+                "{cuts:?}"
+            );
+            assert_eq!(
+                body_checksums(pieces.iter().copied(), false),
+                (whole.0, None)
+            );
         }
     }
 

@@ -120,6 +120,15 @@ pub(crate) enum Written {
     AlreadyStored,
 }
 
+/// The checksums of a body on its way up.
+#[derive(Debug, Clone, Copy, Default)]
+struct BodyChecksums {
+    /// The CRC32C recorded with the object (when checksums are on).
+    recorded: Option<u32>,
+    /// Its CRC64NVME for `x-amz-checksum-crc64nvme`, when computed in the same pass.
+    upload: Option<u64>,
+}
+
 /// What a block read found, beside the bytes now in the block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadBlock {
@@ -349,24 +358,64 @@ impl Store {
             .await
             .map_err(|e| Error::join(&format!("store {path}"), &e))?;
         }
-        let crc = checksum.then(|| {
-            body.iter()
-                .fold(0, |crc, piece| integrity::checksum_append(crc, piece))
-        });
-        self.put_object(path, body, crc, create, parts)
+        // The upload checksum a direct PUT sends is computed here with the block's own, in
+        // the same pass over its bytes; the general client computes its own.
+        let (crc, upload_crc) = if checksum {
+            let direct_put = self.puts_direct(body.content_length(), parts);
+            let (crc, upload_crc) =
+                integrity::body_checksums(body.iter().map(|b| &b[..]), direct_put);
+            (Some(crc), upload_crc)
+        } else {
+            (None, None)
+        };
+        let checksums = BodyChecksums {
+            recorded: crc,
+            upload: upload_crc,
+        };
+        self.put_object(path, body, checksums, create, parts)
             .await
             .map(|written| (written, crc))
+    }
+
+    /// Whether a body of `len` bytes goes first as one PUT on the direct path, with an
+    /// upload checksum.
+    fn puts_direct(&self, len: usize, parts: bool) -> bool {
+        let sends_checksum = matches!(
+            self.backend,
+            Backend::S3 {
+                upload_checksum: true,
+                ..
+            }
+        );
+        sends_checksum
+            && self.direct.as_ref().is_some_and(|direct| direct.puts())
+            && !self.puts_in_parts(len, parts)
+    }
+
+    /// Whether a body of `len` bytes is uploaded in parts (an S3 store, parts allowed for
+    /// the transfer, two parts or more, and the store has not refused multipart uploads).
+    fn puts_in_parts(&self, len: usize, parts: bool) -> bool {
+        match self.backend {
+            Backend::S3 {
+                store_part_bytes, ..
+            } => {
+                parts
+                    && multipart::part_count(len, store_part_bytes) >= 2
+                    && !self.multipart_refused.load(Ordering::Relaxed)
+            }
+            _ => false,
+        }
     }
 
     async fn put_object(
         &self,
         path: &Path,
         body: PutPayload,
-        crc: Option<u32>,
+        checksums: BodyChecksums,
         create: bool,
         parts: bool,
     ) -> Result<Written> {
-        let attributes = match (crc, &self.backend) {
+        let attributes = match (checksums.recorded, &self.backend) {
             (None, _) => Default::default(),
             (Some(crc), Backend::Azure { .. }) => {
                 integrity::checksum_attributes_named(crc, integrity::CRC_METADATA_AZURE)
@@ -387,10 +436,7 @@ impl Store {
             store_part_bytes, ..
         } = self.backend
         {
-            if parts
-                && multipart::part_count(body.content_length(), store_part_bytes) >= 2
-                && !self.multipart_refused.load(Ordering::Relaxed)
-            {
+            if self.puts_in_parts(body.content_length(), parts) {
                 let in_parts = self
                     .put_in_parts(path, &body, &attributes, create, store_part_bytes)
                     .await;
@@ -430,7 +476,7 @@ impl Store {
                 async move {
                     if direct_first {
                         if let Some(answered) =
-                            self.put_direct(path, body, crc, &options.mode).await
+                            self.put_direct(path, body, checksums, &options.mode).await
                         {
                             return answered;
                         }
@@ -455,7 +501,7 @@ impl Store {
         &self,
         path: &Path,
         body: &PutPayload,
-        crc: Option<u32>,
+        checksums: BodyChecksums,
         mode: &PutMode,
     ) -> Option<std::result::Result<object_store::PutResult, Failed>> {
         let (
@@ -474,8 +520,13 @@ impl Store {
         self.direct_requests.fetch_add(1, Ordering::Relaxed);
         let put = direct::PutRequest {
             body,
-            recorded_crc: crc,
-            upload_checksum: *upload_checksum,
+            recorded_crc: checksums.recorded,
+            // Computed with the block's checksum where it was; else here.
+            upload_checksum: upload_checksum.then(|| {
+                checksums
+                    .upload
+                    .unwrap_or_else(|| integrity::upload_checksum(body.iter().map(|b| &b[..])))
+            }),
             create,
         };
         let outcome = match direct.put_from(path.as_ref(), put).await {

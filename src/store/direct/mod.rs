@@ -109,8 +109,8 @@ pub(crate) struct PutRequest<'a> {
     pub(crate) body: &'a object_store::PutPayload,
     /// The CRC32C to record as the object's metadata (`x-amz-meta-kvtier-crc32c`).
     pub(crate) recorded_crc: Option<u32>,
-    /// Whether to send `x-amz-checksum-crc64nvme` for the server to verify.
-    pub(crate) upload_checksum: bool,
+    /// The body's CRC64NVME, sent as `x-amz-checksum-crc64nvme` for the server to verify.
+    pub(crate) upload_checksum: Option<u64>,
     /// Whether the server must refuse the PUT if the object exists (`If-None-Match: *`).
     pub(crate) create: bool,
 }
@@ -216,11 +216,8 @@ impl DirectHttp {
         if put.create {
             headers.push(("if-none-match".to_string(), "*".to_string()));
         }
-        if put.upload_checksum {
-            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme);
-            put.body.iter().for_each(|piece| digest.update(piece));
-            let crc64 =
-                base64::engine::general_purpose::STANDARD.encode(digest.finalize().to_be_bytes());
+        if let Some(crc64) = put.upload_checksum {
+            let crc64 = base64::engine::general_purpose::STANDARD.encode(crc64.to_be_bytes());
             headers.push(("x-amz-checksum-crc64nvme".to_string(), crc64));
         }
         if let Some(crc) = put.recorded_crc {
