@@ -39,27 +39,16 @@ def main():
     keyring = os.path.join(tmp, "keyring.json")
     with open(keyring, "w") as f:
         json.dump({"write": "bench", "keys": {"bench": base64.b64encode(os.urandom(32)).decode()}}, f)
-    sink = None
     try:
-        if "sink" in stores:
-            sink, port = ranges.start_sink()
-        stores_config = {
-            "local": {"type": "local", "path": os.path.join(tmp, "store")},
-            "sink": {"type": "s3", "bucket": ranges.BUCKET, "endpoint_override": f"127.0.0.1:{port}" if sink else "",
-                     "scheme": "http", "access_key": ranges.ACCESS_KEY, "secret_key": ranges.SECRET_KEY,
-                     "region": "us-east-1"},
-        }
-
         def run_one(store, variant):
-            config = {"store": stores_config[store], "dedup": "off"}
-            if variant == "on":
-                config["encryption"] = {"keyring_file": keyring}
-            return ranges.run(config, 1, args)
+            with ranges.fresh_store(store, tmp) as store_config:
+                config = {"store": store_config, "dedup": "off"}
+                if variant == "on":
+                    config["encryption"] = {"keyring_file": keyring}
+                return ranges.run(config, 1, args)
 
         rows = ranges.interleaved(args, stores, ["off", "on"], run_one)
     finally:
-        if sink is not None:
-            os.killpg(sink.pid, 15)
         shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [f"# Encryption at rest on against off ({args.block_size} blocks, {args.concurrency} in flight, "

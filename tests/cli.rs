@@ -82,6 +82,8 @@ fn bench_help_lists_every_option() {
         "--repeat",
         "--duration",
         "--key-sets",
+        "--ranges-per-block",
+        "--range-layout",
         "--no-checksums",
         "--config",
         "--config-file",
@@ -141,6 +143,49 @@ fn bench_json_on_the_default_local_store_verifies_every_block() {
     // The default store lives in the temporary directory and is removed afterwards.
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "bench left {left:?} behind");
+}
+
+#[test]
+fn bench_moves_blocks_as_ranges_in_either_layout() {
+    for (layout, reported) in [("layer-first", "layer-first"), ("adjacent", "adjacent")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = kvtier_in(
+            tmp.path(),
+            &[
+                "bench",
+                "--blocks",
+                "8",
+                "--block-size",
+                "64K",
+                "--ranges-per-block",
+                "16",
+                "--range-layout",
+                layout,
+                "--workload",
+                "store,load,verify",
+                "--json",
+            ],
+        );
+        assert!(out.status.success(), "bench failed: {}", stderr(&out));
+        let report: Value = serde_json::from_str(stdout(&out).trim()).expect("one JSON object");
+        assert_eq!(report["ranges_per_block"], 16);
+        assert_eq!(report["range_layout"], reported);
+        assert_eq!(report["verified_blocks"], 8, "{report}");
+        for phase in report["phases"].as_array().unwrap() {
+            assert_eq!(phase["bytes"], 8 * 64 * 1024, "{phase}");
+        }
+    }
+    let out = kvtier(&["bench", "--blocks", "2", "--block-size", "64K", "--json"]);
+    assert!(out.status.success(), "bench failed: {}", stderr(&out));
+    let report: Value = serde_json::from_str(stdout(&out).trim()).expect("one JSON object");
+    assert_eq!(report["range_layout"], "contiguous");
+    let out = kvtier(&["bench", "--block-size", "64K", "--ranges-per-block", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("does not divide into 3 ranges"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -236,6 +281,8 @@ fn bench_refuses_bad_options() {
     assert_bench_refuses(&["--workload", "verify"], "--workload");
     assert_bench_refuses(&["--blocks"], "--blocks");
     assert_bench_refuses(&["--frobnicate"], "--frobnicate");
+    assert_bench_refuses(&["--ranges-per-block", "0"], "--ranges-per-block");
+    assert_bench_refuses(&["--range-layout", "diagonal"], "--range-layout");
     assert_bench_refuses(&["--config", "{}", "--config-file", "x.json"], "--config");
 }
 
