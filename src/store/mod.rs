@@ -360,50 +360,55 @@ impl Store {
         }
         // The upload checksum a direct PUT sends is computed here with the block's own, in
         // the same pass over its bytes; the general client computes its own.
-        let (crc, upload_crc) = if checksum {
+        let checksums = if checksum {
             let direct_put = self.puts_direct(body.content_length(), parts);
-            let (crc, upload_crc) =
-                integrity::body_checksums(body.iter().map(|b| &b[..]), direct_put);
-            (Some(crc), upload_crc)
+            let (crc, upload) = integrity::body_checksums(body.iter().map(|b| &b[..]), direct_put);
+            BodyChecksums {
+                recorded: Some(crc),
+                upload,
+            }
         } else {
-            (None, None)
-        };
-        let checksums = BodyChecksums {
-            recorded: crc,
-            upload: upload_crc,
+            BodyChecksums::default()
         };
         self.put_object(path, body, checksums, create, parts)
             .await
-            .map(|written| (written, crc))
+            .map(|written| (written, checksums.recorded))
     }
 
-    /// Whether a body of `len` bytes goes first as one PUT on the direct path, with an
-    /// upload checksum.
-    fn puts_direct(&self, len: usize, parts: bool) -> bool {
-        let sends_checksum = matches!(
+    /// Whether PUTs carry `x-amz-checksum-crc64nvme` (an S3 store, unless
+    /// `req_checksum: "required"`).
+    pub(super) fn sends_upload_checksum(&self) -> bool {
+        matches!(
             self.backend,
             Backend::S3 {
                 upload_checksum: true,
                 ..
             }
-        );
-        sends_checksum
-            && self.direct.as_ref().is_some_and(|direct| direct.puts())
-            && !self.puts_in_parts(len, parts)
+        )
     }
 
-    /// Whether a body of `len` bytes is uploaded in parts (an S3 store, parts allowed for
-    /// the transfer, two parts or more, and the store has not refused multipart uploads).
-    fn puts_in_parts(&self, len: usize, parts: bool) -> bool {
+    /// Whether a body of `len` bytes goes first as one PUT on the direct path, with an
+    /// upload checksum.
+    fn puts_direct(&self, len: usize, parts: bool) -> bool {
+        self.sends_upload_checksum()
+            && self.direct.as_ref().is_some_and(|direct| direct.puts())
+            && self.part_bytes(len, parts).is_none()
+    }
+
+    /// The bytes of each part when a body of `len` bytes is uploaded in parts (an S3 store,
+    /// parts allowed for the transfer, two parts or more, and the store has not refused
+    /// multipart uploads); `None` for one PUT.
+    fn part_bytes(&self, len: usize, parts: bool) -> Option<usize> {
         match self.backend {
             Backend::S3 {
                 store_part_bytes, ..
-            } => {
-                parts
-                    && multipart::part_count(len, store_part_bytes) >= 2
-                    && !self.multipart_refused.load(Ordering::Relaxed)
+            } if parts
+                && multipart::part_count(len, store_part_bytes) >= 2
+                && !self.multipart_refused.load(Ordering::Relaxed) =>
+            {
+                Some(store_part_bytes)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -432,17 +437,12 @@ impl Store {
             }
             _ => body,
         };
-        if let Backend::S3 {
-            store_part_bytes, ..
-        } = self.backend
-        {
-            if self.puts_in_parts(body.content_length(), parts) {
-                let in_parts = self
-                    .put_in_parts(path, &body, &attributes, create, store_part_bytes)
-                    .await;
-                if let Some(written) = in_parts {
-                    return written;
-                }
+        if let Some(part_len) = self.part_bytes(body.content_length(), parts) {
+            let in_parts = self
+                .put_in_parts(path, &body, &attributes, create, part_len)
+                .await;
+            if let Some(written) = in_parts {
+                return written;
             }
         }
         let mode = if create {

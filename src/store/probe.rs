@@ -282,13 +282,7 @@ pub(super) async fn checks_uploads(store: &Store, probe_name: &str) -> UploadChe
         }
         Err(e) => {
             let text = e.chain();
-            let sends_checksum = matches!(
-                store.backend,
-                Backend::S3 {
-                    upload_checksum: true,
-                    ..
-                }
-            );
+            let sends_checksum = store.sends_upload_checksum();
             // A server that does not know the checksum header may refuse every PUT that
             // carries it: asked once more with the body intact, so that the tier fails at
             // start with the fix instead of failing every store.
