@@ -89,6 +89,11 @@ def fresh_store(store, directory):
         sink.wait()
 
 
+def variant(text):
+    """A `--ranges` entry as (ranges per block, layout): "64" laid apart, "64a" adjacent."""
+    return int(text.rstrip("a")), ("adjacent" if text.endswith("a") else "layer-first")
+
+
 def run(config, n, args, layout="layer-first"):
     cmd = [os.path.join(ROOT, "target", "release", "kvtier"), "bench", "--json", "--config", json.dumps(config),
            "--blocks", str(args.blocks), "--block-size", args.block_size, "--concurrency", str(args.concurrency),
@@ -147,8 +152,8 @@ def main():
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     tmp = tempfile.mkdtemp(prefix="kvbench-ranges-", dir=base)
 
-    def run_one(store, variant):
-        n, layout = int(variant.rstrip("a")), ("adjacent" if variant.endswith("a") else "layer-first")
+    def run_one(store, text):
+        n, layout = variant(text)
         with fresh_store(store, tmp) as config:
             return run({"store": config, "dedup": "off"}, n, args, layout)
 
@@ -170,11 +175,12 @@ def main():
             for n in counts:
                 mib = statistics.median(r["mib_s"] for r in rows[(store, phase, n)])
                 cpu = statistics.median(r["cpu_s_per_gib"] for r in rows[(store, phase, n)])
-                judged = n not in ("1",) and not n.endswith("a")
+                count, layout = variant(n)
+                judged = count > 1 and layout == "layer-first"
                 ok = not judged or (mib >= 0.9 * base_mib and cpu <= 1.1 * base_cpu)
                 if not ok:
                     failed.append(f"{store} {phase} N={n}")
-                label = f"{n[:-1]} adjacent" if n.endswith("a") else n
+                label = f"{count} adjacent" if layout == "adjacent" else n
                 lines.append(f"| {store} | {phase} | {label} | {mib:.0f} | {cpu:.3f} | {mib / base_mib:.2f}x | "
                              f"{cpu / base_cpu:.2f}x | {('yes' if ok else 'NO') if judged else '-'} |")
     lines += ["", f"Targets (at least 0.9x the throughput, at most 1.1x the CPU per GiB): "
