@@ -6,11 +6,11 @@
 //! from many are the same object. Every piece is checked against its pool or region when
 //! the job is submitted; from then on a piece is an address and a length.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use object_store::PutPayload;
+use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, Status};
@@ -78,6 +78,14 @@ impl HostPool {
         (self.base + block_id as usize * self.block_bytes) as *mut u8
     }
 
+    /// The whole pool's memory.
+    pub(crate) fn memory(&self) -> Piece {
+        Piece {
+            addr: self.base,
+            len: self.num_blocks as usize * self.block_bytes,
+        }
+    }
+
     /// The memory of a block already checked with [`check_block`](Self::check_block).
     pub(crate) fn block(&self, block_id: u64) -> BlockMemory {
         BlockMemory::new(vec![Piece {
@@ -103,7 +111,7 @@ pub struct MemoryRange {
 #[derive(Debug, Default)]
 pub(crate) struct Regions {
     next_id: u64,
-    regions: HashMap<u64, Region>,
+    regions: FxHashMap<u64, Region>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +158,21 @@ impl Regions {
         self.regions.contains_key(&id)
     }
 
+    /// The regions other than `except` that share a byte with `memory`.
+    pub(crate) fn overlapping(&self, memory: Piece, except: u64) -> Vec<u64> {
+        self.regions
+            .iter()
+            .filter(|&(&id, region)| {
+                id != except
+                    && memory.overlaps(Piece {
+                        addr: region.base,
+                        len: region.len,
+                    })
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// The piece of memory `range` names, checked against its region.
     pub(crate) fn resolve(&self, range: &MemoryRange) -> Result<Piece> {
         let region = self
@@ -192,6 +215,10 @@ pub(crate) struct Piece {
 impl Piece {
     pub(crate) fn end(&self) -> usize {
         self.addr + self.len
+    }
+
+    pub(crate) fn overlaps(&self, other: Piece) -> bool {
+        self.addr < other.end() && other.addr < self.end()
     }
 }
 

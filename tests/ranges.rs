@@ -421,6 +421,65 @@ fn a_load_holds_its_bytes_alone_and_stores_share_them() {
 }
 
 #[test]
+fn memory_registered_later_over_held_bytes_sees_them_held() {
+    // A region that overlaps nothing keeps its holds apart; memory registered over it
+    // later (another region, or the pool) must still see what its jobs hold.
+    let tier = memory_tier();
+    let mut memory = random_bytes(4 * 8192, 11);
+    let base = memory.as_mut_ptr();
+    let at = |offset: usize| base.wrapping_add(offset);
+    // SAFETY: the buffer outlives the tier's jobs (they are polled before it is dropped).
+    let (first, last) = unsafe {
+        (
+            tier.add_region(at(0), 2 * 8192).unwrap(),
+            tier.add_region(at(3 * 8192), 8192).unwrap(),
+        )
+    };
+    tier.submit_ranges(JobKind::Load, 1, &[range(first, 0, 8192)], 1, keys(&[1]))
+        .unwrap();
+    tier.submit_ranges(JobKind::Store, 2, &[range(last, 0, 8192)], 1, keys(&[2]))
+        .unwrap();
+    // A region over bytes 4096..12288 meets the load through the first region.
+    // SAFETY: as above.
+    let over = unsafe { tier.add_region(at(4096), 8192) }.unwrap();
+    for (id, kind) in [(3, JobKind::Load), (4, JobKind::Store)] {
+        let busy = tier
+            .submit_ranges(kind, id, &[range(over, 4000, 8)], 1, keys(&[id]))
+            .unwrap_err();
+        assert_eq!(busy.status, Status::BlockBusy, "{}", busy.message);
+        assert!(busy.message.contains("job 1"), "{}", busy.message);
+    }
+    // Bytes the load does not hold are free through it (block 1's first bytes).
+    tier.submit_ranges(JobKind::Store, 5, &[range(over, 4096, 8)], 1, keys(&[5]))
+        .unwrap();
+    // The pool, registered over all of it, meets the load (block 0) and the store through
+    // the last region (block 3), which overlapped nothing until now.
+    // SAFETY: as above.
+    unsafe { tier.register_memory(at(0), 4, 8192) }.unwrap();
+    for (id, block, holder) in [(6, 0, "job 1"), (7, 3, "job 2")] {
+        let busy = tier
+            .submit(JobKind::Load, id, &[block], keys(&[id]))
+            .unwrap_err();
+        assert_eq!(busy.status, Status::BlockBusy, "{}", busy.message);
+        assert!(busy.message.contains(holder), "{}", busy.message);
+    }
+    let results = wait_all(&tier, 7);
+    assert_eq!(results[&1].status, Status::NotFound);
+    assert!(results[&2].succeeded() && results[&5].succeeded());
+    // Polled, every byte is free again through any of them: block 3, stored through the
+    // last region, loads into the bytes the first load held.
+    tier.submit_ranges(JobKind::Load, 8, &[range(first, 0, 8192)], 1, keys(&[2]))
+        .unwrap();
+    tier.submit(JobKind::Load, 9, &[2], keys(&[2])).unwrap();
+    let results = wait_all(&tier, 2);
+    assert!(results[&8].succeeded() && results[&9].succeeded());
+    assert!(
+        memory[..8192] == memory[3 * 8192..] && memory[2 * 8192..3 * 8192] == memory[3 * 8192..]
+    );
+    drop(tier);
+}
+
+#[test]
 fn a_region_is_removed_only_when_no_job_holds_it() {
     let tier = memory_tier();
     let mut memory = random_bytes(8192, 9);

@@ -4,13 +4,14 @@
 //! the tier's own tokio runtime; completions come back through a crossbeam channel, with
 //! an eventfd that is readable while results wait.
 //!
-//! Rooms: `jobs` (what is submitted and what comes back), `transfer` (moving blocks),
-//! `dedup` (what the tier remembers about keys), `lookup` (non-blocking existence
-//! lookups), `events`, `stats`, `runtime`.
+//! Rooms: `jobs` (what is submitted and what comes back), `holds` (the caller memory that
+//! jobs not yet polled hold), `transfer` (moving blocks), `dedup` (what the tier remembers
+//! about keys), `lookup` (non-blocking existence lookups), `events`, `stats`, `runtime`.
 
 mod dedup;
 mod events;
 mod eviction;
+mod holds;
 mod jobs;
 mod lookup;
 mod metrics;
@@ -310,10 +311,15 @@ impl Tier {
         }
         // SAFETY: this function's own contract, passed on.
         let pool = unsafe { HostPool::new(base, num_blocks, block_bytes)? };
+        // Under the table's lock, as regions are added: a region and the pool are never
+        // registered at once without one seeing the other.
+        let mut table = self.shared.table();
         self.shared
             .pool
             .set(pool)
-            .map_err(|_| Error::state("memory is already registered; a tier has one host pool"))
+            .map_err(|_| Error::state("memory is already registered; a tier has one host pool"))?;
+        table.pool_registered(pool.memory());
+        Ok(())
     }
 
     pub fn pool(&self) -> Option<HostPool> {
@@ -387,7 +393,10 @@ impl Tier {
         if self.is_shut_down() {
             return Err(Error::new(Status::ShutDown, "add_region after shutdown"));
         }
-        self.shared.table().regions.add(base, len)
+        // The pool is read under the table's lock, under which it is registered.
+        let mut table = self.shared.table();
+        let pool = self.pool().map(|pool| pool.memory());
+        table.add_region(base, len, pool)
     }
 
     /// Forgets a region, so that its memory may be freed. Refused (`BlockBusy`) while a job
@@ -395,7 +404,7 @@ impl Tier {
     pub fn remove_region(&self, region: u64) -> Result<()> {
         let mut table = self.shared.table();
         if !table.regions.contains(region) {
-            return table.regions.remove(region);
+            return table.remove_region(region);
         }
         let jobs = table.jobs_using(region);
         if jobs > 0 {
@@ -406,7 +415,7 @@ impl Tier {
                 ),
             ));
         }
-        table.regions.remove(region)
+        table.remove_region(region)
     }
 
     /// Records a job that was rejected before its arguments could be read (NULL pointers
