@@ -3,6 +3,7 @@
 //! (s3s-fs). Objects are written through the library as a store job writes them
 //! (checksum recorded beside the bytes); ages are set on the files that hold them (the
 //! local store's, and s3s-fs's own data root), so no test waits for time to pass.
+//! Also `kvtier bench` on s3s-fs with a proxy in its environment.
 
 #[macro_use]
 mod support;
@@ -14,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use kvtier::key::KeyLayout;
 use kvtier::store::object_path;
 use serde_json::{json, Value};
+use support::proxy::Proxy;
 use support::*;
 
 const NS_A: &str = "m_0123456789ab_r0";
@@ -244,6 +246,51 @@ fn probe_passes_every_check_and_leaves_nothing_behind(b: &Backend) {
     // The probe's objects are not the tier's: nothing to list.
     let listing = json_run("ls", &config, &[], 0);
     assert_eq!(listing["total"]["objects"], 0, "{listing}");
+}
+
+/// `kvtier bench` on `config` (8 blocks of 64 KiB stored, loaded and verified), with
+/// `env` added to its environment; its JSON report.
+fn bench_report(config: &str, env: &[(&str, String)]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["bench", "--json", "--config", config, "--blocks", "8"])
+        .args(["--block-size", "64K", "--workload", "store,load,verify"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("the kvtier binary runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = json_of(&out);
+    assert_eq!(report["verified_blocks"], 8, "{report}");
+    report
+}
+
+#[test]
+fn a_proxy_in_the_environment_carries_every_request() {
+    // The project's proxy in front of s3s-fs, named only by the environment: the network
+    // of a host whose store is reachable through a proxy alone.
+    let server = Server::s3s_fs();
+    let proxy = Proxy::start(server.port());
+    let config = json!({"store": server.store_json(&server.new_bucket())}).to_string();
+    // Without it, the direct path carries the blocks, straight to the server.
+    let report = bench_report(&config, &[]);
+    assert!(
+        report["direct_requests"].as_u64().unwrap() >= 16,
+        "{report}"
+    );
+    assert_eq!(proxy.stats().requests, 0);
+    // With it, every request goes through the proxy, none on the direct path.
+    for variable in ["HTTP_PROXY", "all_proxy"] {
+        let before = proxy.stats().requests;
+        let report = bench_report(
+            &config,
+            &[(variable, format!("http://{}", proxy.endpoint()))],
+        );
+        assert_eq!(report["direct_requests"], 0, "{variable}: {report}");
+        let through = proxy.stats().requests - before;
+        assert!(
+            through >= 16,
+            "{variable}: {through} requests through the proxy"
+        );
+    }
 }
 
 #[test]

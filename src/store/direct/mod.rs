@@ -117,11 +117,10 @@ pub(crate) struct PutRequest<'a> {
 
 /// Environment variables under which the general client's PUTs differ from the direct
 /// path's: `object_store` (`AmazonS3Builder::from_env`) adds headers (server-side
-/// encryption, requester pays, another checksum), refuses or skips what the direct path
-/// would send (conditional puts disabled, no signature), or reqwest goes through a proxy
-/// (the store may grant by source address). Under any of them, stores stay with the
-/// general client.
-const GENERAL_PUT_SETTINGS: [&str; 14] = [
+/// encryption, requester pays, another checksum), or refuses or skips what the direct path
+/// would send (conditional puts disabled, no signature). Under any of them, stores stay
+/// with the general client.
+const GENERAL_PUT_SETTINGS: [&str; 8] = [
     "AWS_SERVER_SIDE_ENCRYPTION",
     "AWS_SSE_KMS_KEY_ID",
     "AWS_SSE_BUCKET_KEY_ENABLED",
@@ -130,6 +129,14 @@ const GENERAL_PUT_SETTINGS: [&str; 14] = [
     "AWS_CHECKSUM_ALGORITHM",
     "AWS_CONDITIONAL_PUT",
     "AWS_SKIP_SIGNATURE",
+];
+
+/// Environment variables that send the general client's requests through a proxy. Where
+/// one is set, the network may reach the store only through it (or the store may grant by
+/// source address), so no request takes the direct path, which connects to the endpoint
+/// itself: it would fail (a connect timeout on every request, then the fallback) or go
+/// around the proxy.
+const PROXY_SETTINGS: [&str; 6] = [
     "HTTP_PROXY",
     "HTTPS_PROXY",
     "ALL_PROXY",
@@ -147,6 +154,16 @@ impl DirectHttp {
         credentials: AwsCredentialProvider,
     ) -> Option<Arc<Self>> {
         if !s3.direct_http || s3.use_virtual_addressing {
+            return None;
+        }
+        if let Some(proxy) = PROXY_SETTINGS
+            .iter()
+            .find(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+        {
+            log::info!(
+                "s3 bucket {:?}: no direct HTTP path: {proxy} sends requests through a proxy",
+                s3.bucket
+            );
             return None;
         }
         let target = match Target::new(endpoint_url, &s3.bucket, region) {
