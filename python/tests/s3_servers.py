@@ -43,6 +43,36 @@ def _request(port: int, method: str, path: str) -> int:
         conn.close()
 
 
+def owns_listener(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on loopback port `port`, from
+    /proc: a port found free and then handed to a server may have been taken by another
+    process in between, whose answers would then pass for the server's."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+                return True
+    return False
+
+
 def _start(argv_for_port, name: str) -> int:
     last = ""
     for _ in range(5):
@@ -53,10 +83,13 @@ def _start(argv_for_port, name: str) -> int:
         while time.monotonic() < deadline and child.poll() is None:
             try:
                 _request(port, "GET", "/")
-                _children.append(child)
-                return port
             except OSError:
                 time.sleep(0.05)
+                continue
+            if not owns_listener(child.pid, port):
+                break  # another process answered on the port: a new port
+            _children.append(child)
+            return port
         child.kill()
         child.wait()
         last = f"{name} did not answer on port {port} (log {log.name})"

@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -30,6 +31,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python" / "tests"))
+from s3_servers import owns_listener  # noqa: E402  (the project's test servers' helper)
 BLOCK = 64 * 1024
 PREFIX = "kv"
 NAMESPACE = "meta-llama_Llama-3-8B_a1b2c3d4e5f6_r0"
@@ -117,9 +120,8 @@ class Server:
             except OSError:
                 time.sleep(0.05)
                 continue
-            # The answer may come from another process on a reused port while ours exits.
-            time.sleep(0.1)
-            return self.proc.poll() is None
+            # The answer may come from another process that took the port first.
+            return owns_listener(self.proc.pid, self.port)
         return False
 
     def log_tail(self):
