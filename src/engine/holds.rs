@@ -47,8 +47,8 @@ impl Conflict {
     }
 }
 
-/// What one accepted job holds, given back to [`Holds::release`] when its result is polled.
-pub(crate) struct JobHold {
+/// What one accepted job holds, until its result is polled.
+struct JobHold {
     kind: JobKind,
     /// Each piece: (start address, job-local index, region or [`POOL`]).
     spans: Vec<(usize, u32, u64)>,
@@ -147,6 +147,8 @@ pub(crate) struct Holds {
     shared: HoldSet,
     /// Every registered region, by id.
     regions: FxHashMap<u64, RegionHolds>,
+    /// What each accepted job holds.
+    jobs: FxHashMap<u64, JobHold>,
 }
 
 impl Holds {
@@ -182,17 +184,17 @@ impl Holds {
     }
 
     /// Lets `job_id` hold `pieces` (every piece of every key, in submission order; of
-    /// `regions[i]` each, or of the pool when `regions` is empty), unless a job whose
-    /// result was not polled yet holds some of those bytes in a conflicting way (a load
-    /// with anything else). The pieces of one load must not overlap each other: two keys
-    /// cannot load into the same bytes.
+    /// `regions[i]` each, or of the pool when `regions` is empty) until its result is
+    /// polled, unless a job whose result was not polled yet holds some of those bytes in a
+    /// conflicting way (a load with anything else). The pieces of one load must not
+    /// overlap each other: two keys cannot load into the same bytes.
     pub(crate) fn hold(
         &mut self,
         kind: JobKind,
         job_id: u64,
         pieces: &[Piece],
         regions: &[u64],
-    ) -> Result<JobHold, Conflict> {
+    ) -> Result<(), Conflict> {
         debug_assert!(regions.is_empty() || regions.len() == pieces.len());
         let region_of = |i: usize| regions.get(i).copied().unwrap_or(POOL);
         let conflict = |piece, (job_id, kind)| Conflict {
@@ -234,15 +236,20 @@ impl Holds {
                 r.jobs += 1;
             }
         }
-        Ok(JobHold {
+        let hold = JobHold {
             kind,
             spans,
             regions,
-        })
+        };
+        self.jobs.insert(job_id, hold);
+        Ok(())
     }
 
     /// Releases the memory of a job whose result was handed out.
-    pub(crate) fn release(&mut self, job_id: u64, hold: JobHold) {
+    pub(crate) fn release(&mut self, job_id: u64) {
+        let Some(hold) = self.jobs.remove(&job_id) else {
+            return;
+        };
         for (addr, index, region) in hold.spans {
             self.set_mut(region).remove(hold.kind, job_id, index, addr);
         }
@@ -272,15 +279,15 @@ mod tests {
         Piece { addr, len }
     }
 
-    fn held(result: Result<JobHold, Conflict>) -> JobHold {
+    fn held(result: Result<(), Conflict>) {
         result.map_err(|c| c.job_id).expect("no conflict")
     }
 
     #[test]
     fn loads_hold_bytes_alone_and_stores_share_them() {
         let mut holds = Holds::default();
-        let one = held(holds.hold(JobKind::Store, 1, &[piece(1000, 100)], &[]));
-        let two = held(holds.hold(JobKind::Store, 2, &[piece(1050, 10), piece(1000, 100)], &[]));
+        held(holds.hold(JobKind::Store, 1, &[piece(1000, 100)], &[]));
+        held(holds.hold(JobKind::Store, 2, &[piece(1050, 10), piece(1000, 100)], &[]));
         // A load overlapping a store by one byte at either end is refused, naming the store.
         for p in [piece(1099, 5), piece(990, 11), piece(1010, 1)] {
             let c = holds.hold(JobKind::Load, 3, &[p], &[]).err().unwrap();
@@ -288,7 +295,7 @@ mod tests {
             assert!(c.job_id == 1 || c.job_id == 2);
         }
         // Adjacent bytes are free.
-        let four = held(holds.hold(JobKind::Load, 4, &[piece(1100, 50), piece(900, 100)], &[]));
+        held(holds.hold(JobKind::Load, 4, &[piece(1100, 50), piece(900, 100)], &[]));
         let c = holds
             .hold(JobKind::Store, 5, &[piece(10, 1), piece(1149, 1)], &[])
             .err()
@@ -300,9 +307,9 @@ mod tests {
             .unwrap();
         assert_eq!((c.job_id, c.kind), (4, JobKind::Load));
         // Released, every byte is free again.
-        holds.release(1, one);
-        holds.release(2, two);
-        holds.release(4, four);
+        holds.release(1);
+        holds.release(2);
+        holds.release(4);
         held(holds.hold(JobKind::Load, 7, &[piece(900, 300)], &[]));
     }
 
@@ -327,11 +334,11 @@ mod tests {
         let mut holds = Holds::default();
         holds.region_added(7, true);
         holds.region_added(8, true);
-        let one = held(holds.hold(JobKind::Store, 1, &[piece(0, 1), piece(5, 1)], &[7, 7]));
-        let two = held(holds.hold(JobKind::Store, 2, &[piece(0, 1), piece(100, 1)], &[7, 8]));
+        held(holds.hold(JobKind::Store, 1, &[piece(0, 1), piece(5, 1)], &[7, 7]));
+        held(holds.hold(JobKind::Store, 2, &[piece(0, 1), piece(100, 1)], &[7, 8]));
         assert_eq!((holds.jobs_using(7), holds.jobs_using(8)), (2, 1));
-        holds.release(1, one);
-        holds.release(2, two);
+        holds.release(1);
+        holds.release(2);
         assert_eq!((holds.jobs_using(7), holds.jobs_using(8)), (0, 0));
     }
 
@@ -340,7 +347,7 @@ mod tests {
         // Region 1 overlaps nothing at first: its load is held in its own set.
         let mut holds = Holds::default();
         holds.region_added(1, true);
-        let load = held(holds.hold(JobKind::Load, 1, &[piece(4096, 64)], &[1]));
+        held(holds.hold(JobKind::Load, 1, &[piece(4096, 64)], &[1]));
         // Region 2 is added over the same bytes: both now check against the shared set,
         // where the load already held through region 1 refuses another load through 2.
         holds.share(1);
@@ -355,7 +362,7 @@ mod tests {
             .hold(JobKind::Store, 3, &[piece(4000, 100)], &[])
             .is_err());
         // Released through the set it is in now, the bytes are free for either.
-        holds.release(1, load);
+        holds.release(1);
         held(holds.hold(JobKind::Load, 4, &[piece(4100, 8)], &[2]));
         assert_eq!(holds.jobs_using(1), 0);
     }

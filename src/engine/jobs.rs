@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
-use super::holds::{Conflict, Holds, JobHold};
+use super::holds::Holds;
 use crate::error::{Error, Result, Status};
 use crate::memory::{Piece, Regions};
 
@@ -144,37 +144,11 @@ pub(crate) struct JobTable {
     /// Memory registered besides the pool. Under the table's lock, so that a region is
     /// never removed between a submit resolving a range of it and holding that range.
     pub(crate) regions: Regions,
-    holds: Holds,
-    /// What each accepted job holds, released when its result is polled.
-    held_by: FxHashMap<u64, JobHold>,
+    /// The caller memory held by jobs whose result has not been polled.
+    pub(crate) holds: Holds,
 }
 
 impl JobTable {
-    /// Lets `job_id` hold `pieces` (see [`Holds::hold`]) until its result is polled.
-    pub(crate) fn hold(
-        &mut self,
-        kind: JobKind,
-        job_id: u64,
-        pieces: &[Piece],
-        regions: &[u64],
-    ) -> std::result::Result<(), Conflict> {
-        let hold = self.holds.hold(kind, job_id, pieces, regions)?;
-        self.held_by.insert(job_id, hold);
-        Ok(())
-    }
-
-    /// Releases the memory of a job whose result was handed out.
-    pub(crate) fn release(&mut self, job_id: u64) {
-        if let Some(hold) = self.held_by.remove(&job_id) {
-            self.holds.release(job_id, hold);
-        }
-    }
-
-    /// Jobs whose result has not been polled that hold ranges of `region`.
-    pub(crate) fn jobs_using(&self, region: u64) -> usize {
-        self.holds.jobs_using(region)
-    }
-
     /// Registers `len` bytes at `base` as a region (see [`Regions::add`]); `pool` is the
     /// registered pool's memory, if any, which the region may overlap.
     pub(crate) fn add_region(

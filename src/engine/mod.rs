@@ -406,7 +406,7 @@ impl Tier {
         if !table.regions.contains(region) {
             return table.remove_region(region);
         }
-        let jobs = table.jobs_using(region);
+        let jobs = table.holds.jobs_using(region);
         if jobs > 0 {
             return Err(Error::new(
                 Status::BlockBusy,
@@ -522,6 +522,7 @@ impl Tier {
         let pieces: Vec<Piece> = memory.iter().flat_map(|m| m.pieces()).copied().collect();
         self.shared
             .table()
+            .holds
             .hold(kind, job_id, &pieces, &[])
             .map_err(|c| {
                 let block = block_ids[c.piece];
@@ -585,6 +586,7 @@ impl Tier {
         }
         let regions: Vec<u64> = ranges.iter().map(|r| r.region).collect();
         table
+            .holds
             .hold(kind, job_id, &pieces, &regions)
             .map_err(|c| {
                 let r = &ranges[c.piece];
@@ -655,7 +657,7 @@ impl Tier {
             match self.results_rx.try_recv() {
                 Ok(result) => {
                     table.jobs.remove(&result.job_id);
-                    table.release(result.job_id);
+                    table.holds.release(result.job_id);
                     out.push(result);
                 }
                 Err(_) => break,
