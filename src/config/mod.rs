@@ -388,8 +388,10 @@ pub struct S3Config {
     /// trusts. Stores keep to the general client with `payload_signing`, and when the
     /// environment changes its PUTs (`AWS_SERVER_SIDE_ENCRYPTION`, `AWS_SSE_*`,
     /// `AWS_REQUEST_PAYER`, `AWS_CHECKSUM_ALGORITHM`, `AWS_CONDITIONAL_PUT`,
-    /// `AWS_SKIP_SIGNATURE`) or sends them through a proxy (`HTTP_PROXY`, `HTTPS_PROXY`,
-    /// `ALL_PROXY`).
+    /// `AWS_SKIP_SIGNATURE`). With a proxy in the environment (`HTTP_PROXY`, `HTTPS_PROXY`,
+    /// `ALL_PROXY`, either case) no request takes the direct path: they all go through the
+    /// proxy, as the general client sends them (`NO_PROXY` is not consulted here: an
+    /// endpoint it exempts is reached directly, by the general client).
     #[serde(default = "default_true", deserialize_with = "bool_or_word")]
     #[schemars(with = "bool")]
     pub direct_http: bool,
