@@ -111,13 +111,8 @@ pub struct MemoryRange {
 #[derive(Debug, Default)]
 pub(crate) struct Regions {
     next_id: u64,
-    regions: FxHashMap<u64, Region>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Region {
-    base: usize,
-    len: usize,
+    /// The memory of each region.
+    regions: FxHashMap<u64, Piece>,
 }
 
 impl Regions {
@@ -138,8 +133,8 @@ impl Regions {
         let id = self.next_id;
         self.regions.insert(
             id,
-            Region {
-                base: base as usize,
+            Piece {
+                addr: base as usize,
                 len,
             },
         );
@@ -162,13 +157,7 @@ impl Regions {
     pub(crate) fn overlapping(&self, memory: Piece, except: u64) -> Vec<u64> {
         self.regions
             .iter()
-            .filter(|&(&id, region)| {
-                id != except
-                    && memory.overlaps(Piece {
-                        addr: region.base,
-                        len: region.len,
-                    })
-            })
+            .filter(|&(&id, region)| id != except && memory.overlaps(*region))
             .map(|(&id, _)| id)
             .collect()
     }
@@ -193,7 +182,7 @@ impl Regions {
             )));
         }
         Ok(Piece {
-            addr: region.base + range.offset as usize,
+            addr: region.addr + range.offset as usize,
             len: range.len as usize,
         })
     }

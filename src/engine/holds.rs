@@ -131,7 +131,6 @@ impl HoldSet {
     }
 }
 
-#[derive(Default)]
 struct RegionHolds {
     /// The region's own set while no other registered memory overlaps it; `None` once
     /// something does, its ranges then being in the shared set.
@@ -183,6 +182,13 @@ impl Holds {
         }
     }
 
+    /// Takes a job's held pieces out of the sets they are in.
+    fn remove_spans(&mut self, kind: JobKind, job_id: u64, spans: &[(usize, u32, u64)]) {
+        for &(addr, index, region) in spans {
+            self.set_mut(region).remove(kind, job_id, index, addr);
+        }
+    }
+
     /// Lets `job_id` hold `pieces` (every piece of every key, in submission order; of
     /// `regions[i]` each, or of the pool when `regions` is empty) until its result is
     /// polled, unless a job whose result was not polled yet holds some of those bytes in a
@@ -210,9 +216,7 @@ impl Holds {
             let (index, region) = (i as u32, region_of(i));
             let set = self.set_mut(region);
             if let Some(holder) = set.conflict(kind, piece) {
-                for &(addr, index, region) in &spans {
-                    self.set_mut(region).remove(kind, job_id, index, addr);
-                }
+                self.remove_spans(kind, job_id, &spans);
                 // A load naming the same bytes twice is the caller's error, whatever else
                 // holds them: reported before another job's hold.
                 let own = match holder {
@@ -250,9 +254,7 @@ impl Holds {
         let Some(hold) = self.jobs.remove(&job_id) else {
             return;
         };
-        for (addr, index, region) in hold.spans {
-            self.set_mut(region).remove(hold.kind, job_id, index, addr);
-        }
+        self.remove_spans(hold.kind, job_id, &hold.spans);
         for region in hold.regions {
             if let Some(r) = self.regions.get_mut(&region) {
                 r.jobs -= 1;
