@@ -722,14 +722,13 @@ impl Server {
             };
             if answered {
                 // Another process may own the port (two picks of the same free port): the
-                // answer then came from it while our server failed to bind and is exiting.
-                std::thread::sleep(Duration::from_millis(100));
-                if let Some(status) = child.try_wait().unwrap() {
-                    return Err(format!(
-                        "exited with {status} after port {port} answered (port taken?)"
-                    ));
+                // answer then came from it while our server failed to bind.
+                if holds_listener(child.id(), port) {
+                    return Ok(());
                 }
-                return Ok(());
+                return Err(format!(
+                    "port {port} answered, but another process listens on it"
+                ));
             }
             if Instant::now() > deadline {
                 return Err(format!("no answer on port {port} within {timeout:?}"));
@@ -1006,4 +1005,66 @@ macro_rules! on_both_servers {
             $( #[test] fn $name() { super::$name(super::Server::shared_rgw()); } )*
         }
     };
+}
+
+/// Whether process `pid` or one of its descendants (radosgw under its supervising script)
+/// holds the socket listening on loopback port `port`, from /proc.
+fn holds_listener(pid: u32, port: u16) -> bool {
+    let listening: std::collections::HashSet<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|row| {
+                    let fields: Vec<&str> = row.split_whitespace().collect();
+                    let local_port = fields.get(1)?.rsplit(':').next()?;
+                    let listens = fields.get(3) == Some(&"0A")
+                        && u16::from_str_radix(local_port, 16) == Ok(port);
+                    listens.then(|| fields.get(9).map(|inode| inode.to_string()))?
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    // Every process with its parent, to find `pid`'s descendants.
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            // The fields after the command name (which may hold spaces): state, parent.
+            let parent = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((child, parent))
+        })
+        .collect();
+    let mut family = vec![pid];
+    let mut next = 0;
+    while next < family.len() {
+        let parent = family[next];
+        family.extend(parents.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        next += 1;
+    }
+    family.iter().any(|member| {
+        std::fs::read_dir(format!("/proc/{member}/fd"))
+            .into_iter()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter_map(|target| {
+                let target = target.to_str()?;
+                Some(
+                    target
+                        .strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .to_string(),
+                )
+            })
+            .any(|inode| listening.contains(&inode))
+    })
 }
