@@ -799,8 +799,12 @@ mod tests {
         // wherever they land in it.
         const STORES: u64 = 2_000;
         let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // The store during which the remover last finished a pass: each store waits for one
+        // pass at its start, so that removals happen however the threads are scheduled (on
+        // a busy machine the remover could otherwise never run while a store does).
+        let passed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let remover = {
-            let (root, done) = (dir.path().to_path_buf(), done.clone());
+            let (root, done, passed) = (dir.path().to_path_buf(), done.clone(), passed.clone());
             std::thread::spawn(move || {
                 let mut removed = 0u64;
                 let mut seen = 0;
@@ -814,6 +818,7 @@ mod tests {
                                 this_store += 1;
                             }
                         }
+                        passed.store(seen, Ordering::Release);
                     }
                     removed += this_store;
                     seen = done.load(Ordering::Acquire);
@@ -827,6 +832,9 @@ mod tests {
                 .unwrap_or_else(|e| panic!("store {i}: {}", e.message));
             std::fs::remove_file(dir.path().join(&name)).unwrap();
             done.store(i + 1, Ordering::Release);
+            while i + 1 < STORES && passed.load(Ordering::Acquire) < i + 1 {
+                std::thread::yield_now();
+            }
         }
         assert!(
             remover.join().unwrap() > 0,
