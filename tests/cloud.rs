@@ -14,8 +14,8 @@
 #[macro_use]
 mod support;
 
-use kvtier::store::object_path;
-use kvtier::{JobKind, LookupResult, Status, Tier};
+use kvtier_core::store::object_path;
+use kvtier_core::{JobKind, LookupResult, Status, Tier};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::{json, Value};
@@ -56,14 +56,14 @@ fn start(store: Value, extra: Value) -> Tier {
     Tier::from_json(&tier_json(store, extra)).unwrap_or_else(|e| panic!("tier start failed: {e}"))
 }
 
-fn start_err(store: Value) -> kvtier::Error {
+fn start_err(store: Value) -> kvtier_core::Error {
     match Tier::from_json(&tier_json(store, json!({}))) {
         Ok(_) => panic!("the tier started but should have failed"),
         Err(e) => e,
     }
 }
 
-fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvtier::JobResult {
+fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvtier_core::JobResult {
     tier.submit(kind, id, blocks, keys(ids)).unwrap();
     wait_all(tier, 1).remove(&id).unwrap()
 }
@@ -71,8 +71,8 @@ fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvti
 /// The metadata name the store records the checksum under.
 fn crc_name(emu: &Emulator) -> &'static str {
     match emu.kind {
-        EmulatorKind::Azurite => kvtier::CRC_METADATA_AZURE,
-        EmulatorKind::Gcs => kvtier::CRC_METADATA,
+        EmulatorKind::Azurite => kvtier_core::CRC_METADATA_AZURE,
+        EmulatorKind::Gcs => kvtier_core::CRC_METADATA,
     }
 }
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use base64::Engine;
-use kvtier::{JobKind, LookupResult, Status, Tier};
+use kvtier_core::{JobKind, LookupResult, Status, Tier};
 use serde_json::{json, Value};
 use support::*;
 
@@ -91,7 +91,13 @@ fn pool(tier: &Tier, seed: u64) -> Pool {
     pool
 }
 
-fn run(tier: &Tier, kind: JobKind, job: u64, blocks: &[u64], ids: &[u64]) -> kvtier::JobResult {
+fn run(
+    tier: &Tier,
+    kind: JobKind,
+    job: u64,
+    blocks: &[u64],
+    ids: &[u64],
+) -> kvtier_core::JobResult {
     tier.submit(kind, job, blocks, keys(ids)).unwrap();
     wait_all(tier, 1).remove(&job).unwrap()
 }
@@ -409,7 +415,7 @@ fn keyrings_come_from_a_variable_or_a_command_never_the_configuration() {
     // the block with the keyring the variable holds, and says so when it is not set.
     let by_variable = config(&store, json!({"keyring_env": "KVTIER_TEST_KEYRING"}));
     let verify = |keyring: Option<&str>| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        let mut command = std::process::Command::new(support::kvtier_cli());
         command.args(["verify", "--json", "--config", &by_variable]);
         command.env_remove("KVTIER_TEST_KEYRING");
         if let Some(keyring) = keyring {
@@ -526,7 +532,7 @@ static RECORDS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 unsafe extern "C" fn collect(
     _userdata: *mut c_void,
-    _level: kvtier::ffi::logs::LogLevel,
+    _level: kvtier::logs::LogLevel,
     _target: *const c_char,
     message: *const c_char,
 ) {
@@ -542,10 +548,10 @@ unsafe extern "C" fn collect(
 fn no_key_material_in_messages_log_records_or_metrics() {
     // SAFETY: a function with the callback's signature; the userdata is never used.
     let status = unsafe {
-        kvtier::ffi::kvt_set_log_callback(
+        kvtier::kvt_set_log_callback(
             Some(collect),
             std::ptr::null_mut(),
-            kvtier::ffi::logs::LogLevel::Trace as i32,
+            kvtier::logs::LogLevel::Trace as i32,
         )
     };
     assert_eq!(status, Status::Ok);
@@ -581,7 +587,7 @@ fn no_key_material_in_messages_log_records_or_metrics() {
         .contains("kvtier_undecryptable_blocks_total 1"));
     drop((tier, reader));
     // SAFETY: NULL restores the default; `collect` is not called afterwards.
-    unsafe { kvtier::ffi::kvt_set_log_callback(None, std::ptr::null_mut(), 0) };
+    unsafe { kvtier::kvt_set_log_callback(None, std::ptr::null_mut(), 0) };
     let records = RECORDS.lock().unwrap().clone();
     assert!(
         records.iter().any(|m| m.contains("does not open")),

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kvtier::key::make_key;
-use kvtier::{JobKind, JobResult, KeyBatch, Status, Tier};
+use kvtier_core::key::make_key;
+use kvtier_core::{JobKind, JobResult, KeyBatch, Status, Tier};
 
 const BLOCK: usize = 16 * 1024;
 

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use kvtier::key::make_key;
-use kvtier::{JobKind, KeyBatch, Status, Tier};
+use kvtier_core::key::make_key;
+use kvtier_core::{JobKind, KeyBatch, Status, Tier};
 
 const BLOCK: usize = 16 * 1024;
 

@@ -42,7 +42,7 @@ fn header_stats_struct_follows_the_counter_list() {
             fields.push((name.to_string(), std::mem::take(&mut comment)));
         }
     }
-    let expected: Vec<(String, String)> = kvtier::STATS_FIELDS
+    let expected: Vec<(String, String)> = kvtier_core::STATS_FIELDS
         .iter()
         .map(|f| (f.name.to_string(), f.help.to_string()))
         .collect();
@@ -74,7 +74,7 @@ fn header_version_macros_match_cargo_toml() {
         let line = format!("#define {macro_name} {value}\n");
         assert!(committed.contains(&line), "header lacks `{}`", line.trim());
     }
-    let version = unsafe { std::ffi::CStr::from_ptr(kvtier::ffi::kvt_version()) };
+    let version = unsafe { std::ffi::CStr::from_ptr(kvtier::kvt_version()) };
     assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
 }
 
@@ -171,7 +171,7 @@ fn every_header_name_is_prefixed_and_comments_are_plain() {
     );
 }
 
-/// Every function kvtier.h exports has a C++ wrapper in kvtier.hpp: a `kvtier::Api`
+/// Every function kvtier.h exports has a C++ wrapper in kvtier.hpp: a `kvtier_core::Api`
 /// field (`decltype(&::kvt_x) field`), set in `Api::linked()`, resolved by name in
 /// `Api::from_handle()`, required by `Api::complete()`, and called (`api_.field(` or
 /// `api.field(`) by a wrapper outside the `Api` struct. Fails naming each function that
@@ -221,7 +221,9 @@ fn every_exported_function_has_a_cpp_wrapper() {
     for f in &functions {
         let decl = format!("decltype(&::{f}) ");
         let Some(at) = api_body.find(&decl) else {
-            missing.push(format!("{f}: no `decltype(&::{f})` field in kvtier::Api"));
+            missing.push(format!(
+                "{f}: no `decltype(&::{f})` field in kvtier_core::Api"
+            ));
             continue;
         };
         let field: String = api_body[at + decl.len()..]

@@ -4,8 +4,8 @@ mod support;
 
 use std::time::Duration;
 
-use kvtier::key::make_key;
-use kvtier::{JobKind, JobResult, KeyBatch, LookupResult, Status, Tier};
+use kvtier_core::key::make_key;
+use kvtier_core::{JobKind, JobResult, KeyBatch, LookupResult, Status, Tier};
 
 const BLOCK: usize = 8192;
 

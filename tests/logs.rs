@@ -8,8 +8,8 @@ mod support;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
 
-use kvtier::ffi::logs::LogLevel;
-use kvtier::{JobKind, Status, Tier};
+use kvtier::logs::LogLevel;
+use kvtier_core::{JobKind, Status, Tier};
 use serde_json::json;
 use support::proxy::{Fault, Proxy};
 use support::*;
@@ -66,11 +66,7 @@ fn retry_messages_reach_the_hosts_callback() {
     );
     // SAFETY: a function with the callback's signature, and a token pointer it only compares.
     let status = unsafe {
-        kvtier::ffi::kvt_set_log_callback(
-            Some(collect),
-            0x5eed as *mut c_void,
-            LogLevel::Info as i32,
-        )
+        kvtier::kvt_set_log_callback(Some(collect), 0x5eed as *mut c_void, LogLevel::Info as i32)
     };
     assert_eq!(status, Status::Ok);
 
@@ -94,7 +90,7 @@ fn retry_messages_reach_the_hosts_callback() {
 
     // SAFETY: NULL restores the default; afterwards `collect` is never called again.
     assert_eq!(
-        unsafe { kvtier::ffi::kvt_set_log_callback(None, std::ptr::null_mut(), 0) },
+        unsafe { kvtier::kvt_set_log_callback(None, std::ptr::null_mut(), 0) },
         Status::Ok
     );
     let records = RECORDS.lock().unwrap().clone();
@@ -128,7 +124,7 @@ fn retry_messages_reach_the_hosts_callback() {
     // An invalid level is refused with a status, not a crash.
     // SAFETY: as above.
     assert_eq!(
-        unsafe { kvtier::ffi::kvt_set_log_callback(None, std::ptr::null_mut(), 9) },
+        unsafe { kvtier::kvt_set_log_callback(None, std::ptr::null_mut(), 9) },
         Status::InvalidArgument
     );
 }

@@ -4,8 +4,8 @@ mod support;
 
 use std::time::Duration;
 
-use kvtier::key::make_key;
-use kvtier::{JobKind, KeyBatch, LookupResult, Status, Tier};
+use kvtier_core::key::make_key;
+use kvtier_core::{JobKind, KeyBatch, LookupResult, Status, Tier};
 use support::resolve_lookup as resolve;
 
 const BLOCK: usize = 4096;
@@ -27,7 +27,13 @@ fn tier(extra: &str) -> (Tier, Vec<u8>) {
     (tier, mem)
 }
 
-fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], keys: &[u64]) -> kvtier::JobResult {
+fn run(
+    tier: &Tier,
+    kind: JobKind,
+    id: u64,
+    blocks: &[u64],
+    keys: &[u64],
+) -> kvtier_core::JobResult {
     let _ = tier.submit(kind, id, blocks, batch(keys));
     tier.drain(Duration::from_secs(30)).unwrap();
     let mut results = tier.poll(usize::MAX);
@@ -119,7 +125,10 @@ fn events_only_for_successful_stores_in_key_order() {
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].job_id, 1);
     assert_eq!(events[0].keys, batch(&[3, 1, 2]));
-    assert_eq!(events[0].locality, Some(kvtier::config::Locality::REMOTE));
+    assert_eq!(
+        events[0].locality,
+        Some(kvtier_core::config::Locality::REMOTE)
+    );
     assert!(
         tier.take_events(usize::MAX).is_empty(),
         "take_events drains"

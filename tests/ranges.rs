@@ -9,7 +9,7 @@
 #[macro_use]
 mod support;
 
-use kvtier::{JobKind, MemoryRange, Status, Tier};
+use kvtier_core::{JobKind, MemoryRange, Status, Tier};
 use serde_json::json;
 use support::*;
 
@@ -108,7 +108,7 @@ fn run_ranges(
     ranges: &[MemoryRange],
     per_key: usize,
     ids: &[u64],
-) -> kvtier::JobResult {
+) -> kvtier_core::JobResult {
     let _ = tier.submit_ranges(kind, id, ranges, per_key, keys(ids));
     wait_all(tier, 1).remove(&id).unwrap()
 }

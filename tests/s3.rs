@@ -11,8 +11,8 @@ mod support;
 
 use std::sync::Arc;
 
-use kvtier::store::ProbeOutcome;
-use kvtier::{JobKind, LookupResult, Status, Tier};
+use kvtier_core::store::ProbeOutcome;
+use kvtier_core::{JobKind, LookupResult, Status, Tier};
 use object_store::path::Path;
 use serde_json::json;
 use support::proxy::{Fault, Proxy};
@@ -25,7 +25,7 @@ fn tier(store: serde_json::Value) -> Tier {
         .unwrap_or_else(|e| panic!("tier start failed: {e}"))
 }
 
-fn tier_err(store: serde_json::Value) -> kvtier::Error {
+fn tier_err(store: serde_json::Value) -> kvtier_core::Error {
     match Tier::from_json(&tier_json(store, json!({}))) {
         Ok(_) => panic!("the tier started but should have failed"),
         Err(e) => e,

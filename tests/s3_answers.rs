@@ -7,8 +7,8 @@
 mod support;
 
 use bytes::Bytes;
-use kvtier::store::{object_path, ProbeOutcome, Store};
-use kvtier::{JobKind, Status};
+use kvtier_core::store::{object_path, ProbeOutcome, Store};
+use kvtier_core::{JobKind, Status};
 use serde_json::{json, Value};
 use support::proxy::{Fault, Proxy};
 use support::*;
@@ -227,7 +227,7 @@ fn the_probe_reads_access_denied_from_the_code() {
 fn the_direct_path_reads_its_answers_as_the_client_does() {
     let srv = Server::s3s_fs();
     let (proxy, store) = behind_a_proxy(&srv, json!({"max_retries": 0}));
-    let tier = kvtier::Tier::from_json(&tier_json(store, json!({})))
+    let tier = kvtier_core::Tier::from_json(&tier_json(store, json!({})))
         .unwrap_or_else(|e| panic!("tier start: {e}"));
     let mut pool = Pool::new(2, BLOCK);
     pool.register(&tier);

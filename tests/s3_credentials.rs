@@ -13,7 +13,7 @@ mod support;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use kvtier::{JobKind, Status, Tier};
+use kvtier_core::{JobKind, Status, Tier};
 use serde_json::{json, Value};
 use support::proxy::Proxy;
 use support::*;
@@ -130,7 +130,7 @@ fn keyless(srv: &Server, bucket: &str) -> Value {
     store
 }
 
-fn start(store: Value) -> kvtier::Result<Tier> {
+fn start(store: Value) -> kvtier_core::Result<Tier> {
     Tier::from_json(&tier_json(store, json!({})))
 }
 
@@ -354,7 +354,7 @@ fn credential_process(dir: &Path, name: &str, access_key: &str, secret: &str) ->
 }
 
 /// Starts a keyless tier under `vars`; it must fail with `Status::Auth` and a clean message.
-fn auth_error(srv: &Server, vars: &[(&str, &str)], home: &Path, why: &str) -> kvtier::Error {
+fn auth_error(srv: &Server, vars: &[(&str, &str)], home: &Path, why: &str) -> kvtier_core::Error {
     let _env = Env::with(vars, home);
     let e = start(keyless(srv, &srv.new_bucket())).err().expect(why);
     assert_eq!(e.status, Status::Auth, "{}", e.message);
@@ -497,7 +497,7 @@ fn secrets_never_in_errors_debug_or_log() {
     // Debug of a configuration with every secret set.
     let store = json!({"type":"s3","bucket":"b","endpoint_override":srv.endpoint(),"scheme":"http",
         "access_key":ACCESS_KEY,"secret_key":SECRET_KEY,"session_token":TOKEN});
-    let config = kvtier::TierConfig::from_json(&tier_json(store, json!({}))).unwrap();
+    let config = kvtier_core::TierConfig::from_json(&tier_json(store, json!({}))).unwrap();
     assert_clean("Debug of the configuration", &format!("{config:?}"));
 
     // A probe failure with a wrong secret and a session token.

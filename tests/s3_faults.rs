@@ -13,7 +13,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kvtier::{JobKind, JobResult, LookupResult, Status, Tier};
+use kvtier_core::{JobKind, JobResult, LookupResult, Status, Tier};
 use serde_json::json;
 use support::proxy::{Fault, Proxy, RequestInfo};
 use support::*;
@@ -476,7 +476,7 @@ fn direct_requests_fall_back_to_the_general_client(srv: &Server) {
         .iter()
         .map(|&i| resolve_lookup(&tier, 9, &key(i)))
         .collect();
-    use kvtier::LookupResult::{Hit, Miss};
+    use kvtier_core::LookupResult::{Hit, Miss};
     assert_eq!(answers, vec![Hit, Hit, Miss]);
     let stats = tier.stats();
     assert_eq!(
@@ -1150,7 +1150,8 @@ fn fault_matrix() {
             }
             tier.schedule_end().unwrap();
             for i in 0..N {
-                let found = resolve_lookup(&tier, i, &key(base + i)) == kvtier::LookupResult::Hit;
+                let found =
+                    resolve_lookup(&tier, i, &key(base + i)) == kvtier_core::LookupResult::Hit;
                 let truth = i % 2 == 0;
                 if found && !truth {
                     cell.wrong += 1;

@@ -5,8 +5,8 @@
 #[macro_use]
 mod support;
 
-use kvtier::store::object_path;
-use kvtier::{JobKind, LookupResult, Status, Tier};
+use kvtier_core::store::object_path;
+use kvtier_core::{JobKind, LookupResult, Status, Tier};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
@@ -32,7 +32,7 @@ fn behind_a_proxy(srv: &Server) -> (String, Proxy, serde_json::Value) {
     (bucket, proxy, store)
 }
 
-fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvtier::JobResult {
+fn run(tier: &Tier, kind: JobKind, id: u64, blocks: &[u64], ids: &[u64]) -> kvtier_core::JobResult {
     let _ = tier.submit(kind, id, blocks, keys(ids));
     wait_all(tier, 1).remove(&id).unwrap()
 }
@@ -51,7 +51,7 @@ fn checksum_round_trips_as_metadata(srv: &Server) {
         let got = s.get(&Path::from(name.as_str())).await.unwrap();
         got.attributes
             .get(&object_store::Attribute::Metadata(
-                kvtier::CRC_METADATA.into(),
+                kvtier_core::CRC_METADATA.into(),
             ))
             .map(|v| v.to_string())
     });
@@ -324,7 +324,7 @@ fn upload_damaged_in_transit(srv: &Server, dedup: serde_json::Value) {
     };
     // The probe at start goes through the proxy undamaged.
     let tier = start(store.clone(), dedup);
-    let verified = tier.upload_check() == kvtier::store::UploadCheck::Verified;
+    let verified = tier.upload_check() == kvtier_core::store::UploadCheck::Verified;
     eprintln!(
         "{}: {dedup_mode:?}, upload check {:?}",
         srv.name(),
@@ -445,7 +445,10 @@ fn a_server_refusing_the_checksum_header_fails_the_start_with_the_fix() {
     );
     let store = with(store, "req_checksum", json!("required"));
     let tier = start(store, json!({}));
-    assert_eq!(tier.upload_check(), kvtier::store::UploadCheck::NotVerified);
+    assert_eq!(
+        tier.upload_check(),
+        kvtier_core::store::UploadCheck::NotVerified
+    );
     let mut pool = Pool::new(2, BLOCK);
     pool.fill_random(5);
     pool.register(&tier);

@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use kvtier::{JobKind, LookupResult, Tier};
+use kvtier_core::{JobKind, LookupResult, Tier};
 use serde_json::json;
 use support::shaper::{Link, Shaper};
 use support::*;
@@ -215,7 +215,7 @@ fn a_large_store_goes_up_several_connections(srv: &Server) {
     // The checksum was recorded with the multipart upload, and is the block's.
     let name = reader.layout().object_name(&key(0)).unwrap();
     let check =
-        block_on(oob_store(&store).check_object(&kvtier::store::object_path(&name))).unwrap();
+        block_on(oob_store(&store).check_object(&kvtier_core::store::object_path(&name))).unwrap();
     assert_eq!(check.bytes, LARGE as u64);
     assert_eq!(
         check.recorded,

@@ -12,7 +12,7 @@ mod support;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use kvtier::{JobKind, LookupResult, Status, Tier};
+use kvtier_core::{JobKind, LookupResult, Status, Tier};
 use serde_json::{json, Value};
 use support::proxy::{Fault, Proxy};
 use support::tls_relay::TlsRelay;
@@ -83,7 +83,7 @@ fn s3s_fs_https() -> Https {
     }
 }
 
-fn load(tier: &Tier, job: u64, slots: &[u64], ids: &[u64]) -> kvtier::JobResult {
+fn load(tier: &Tier, job: u64, slots: &[u64], ids: &[u64]) -> kvtier_core::JobResult {
     tier.submit(JobKind::Load, job, slots, keys(ids)).unwrap();
     wait_all(tier, 1).remove(&job).unwrap()
 }

@@ -1,8 +1,8 @@
 //! A tier keeps a bounded number of threads whatever the load: its own binary, so that no
 //! other test's tier shares the process while threads are counted.
 
-use kvtier::key::make_key;
-use kvtier::{JobKind, KeyBatch, Status, Tier};
+use kvtier_core::key::make_key;
+use kvtier_core::{JobKind, KeyBatch, Status, Tier};
 
 const BLOCK: usize = 64 * 1024;
 const BLOCKS: u64 = 512;

@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kvtier::key::make_key;
-use kvtier::{JobResult, KeyBatch, Tier};
+use kvtier_core::key::make_key;
+use kvtier_core::{JobResult, KeyBatch, Tier};
 use serde_json::{json, Value};
 
 pub const ACCESS_KEY: &str = "kvtier-test-access";
@@ -32,8 +32,35 @@ pub const SECRET_KEY: &str = "kvtier-test-secret-Zq81mN2x";
 /// How long a server may take to start on a loaded 2-core machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The repository's root (the workspace's), whichever of its crates runs the test.
 pub fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .ancestors()
+        .find(|dir| dir.join("scripts/test.sh").is_file())
+        .unwrap_or(&crate_dir)
+        .to_path_buf()
+}
+
+/// The `kvtier` command line of this build (`target/<profile>/kvtier`, beside the test's own
+/// `deps/` directory). The README's test command (`cargo test --workspace`) builds it with
+/// the command line's own tests before any test runs; a test of another crate run alone
+/// needs `cargo build -p kvtier-cli` first, and is told so.
+#[allow(dead_code)]
+pub fn kvtier_cli() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("tests run from target/<profile>/deps");
+    let cli = profile_dir.join("kvtier");
+    assert!(
+        cli.is_file(),
+        "{} not found: build the command line first (`cargo build --release -p kvtier-cli`), \
+         or run the whole workspace's tests (`cargo test --release --workspace`)",
+        cli.display()
+    );
+    cli
 }
 
 /// `scripts/ceph-rgw.sh`, which sets up and runs a one-node Ceph cluster with radosgw.
@@ -195,7 +222,7 @@ pub fn signed_request(
             .finalize()
             .into()
     }
-    let hex = |b: &[u8]| kvtier::key::to_hex(b);
+    let hex = |b: &[u8]| kvtier_core::key::to_hex(b);
     let datetime = {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -305,7 +332,7 @@ pub fn https_request(
         let response = client
             .execute(request)
             .await
-            .map_err(|e| kvtier::store::error_chain(&e))?;
+            .map_err(|e| kvtier_core::store::error_chain(&e))?;
         let status = response.status().as_u16();
         let body = response
             .into_body()
@@ -944,9 +971,9 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// A store built from a `store` JSON section, for writing and reading objects behind the
 /// tier's back. Build it inside the runtime that uses it.
-pub fn oob_store(store: &Value) -> kvtier::store::Store {
-    let config: kvtier::config::StoreConfig = serde_json::from_value(store.clone()).unwrap();
-    kvtier::store::Store::open(&config).unwrap()
+pub fn oob_store(store: &Value) -> kvtier_core::store::Store {
+    let config: kvtier_core::config::StoreConfig = serde_json::from_value(store.clone()).unwrap();
+    kvtier_core::store::Store::open(&config).unwrap()
 }
 
 pub fn oob_put(store: &Value, name: &str, bytes: Vec<u8>) {
@@ -954,7 +981,7 @@ pub fn oob_put(store: &Value, name: &str, bytes: Vec<u8>) {
     block_on(async {
         let s = oob_store(store);
         s.client()
-            .put(&kvtier::store::object_path(name), bytes.into())
+            .put(&kvtier_core::store::object_path(name), bytes.into())
             .await
             .unwrap();
     })
@@ -965,7 +992,7 @@ pub fn oob_get(store: &Value, name: &str) -> Option<Vec<u8>> {
     use object_store::ObjectStoreExt;
     block_on(async {
         let s = oob_store(store);
-        match s.client().get(&kvtier::store::object_path(name)).await {
+        match s.client().get(&kvtier_core::store::object_path(name)).await {
             Ok(r) => Some(r.bytes().await.unwrap().to_vec()),
             Err(object_store::Error::NotFound { .. }) => None,
             Err(e) => panic!("out-of-band get {name}: {e}"),
@@ -974,11 +1001,11 @@ pub fn oob_get(store: &Value, name: &str) -> Option<Vec<u8>> {
 }
 
 /// Calls lookup until it stops answering Retry, ending a step between calls.
-pub fn resolve_lookup(tier: &Tier, request: u64, k: &[u8]) -> kvtier::LookupResult {
+pub fn resolve_lookup(tier: &Tier, request: u64, k: &[u8]) -> kvtier_core::LookupResult {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let v = tier.lookup(request, k).unwrap();
-        if v != kvtier::LookupResult::Retry {
+        if v != kvtier_core::LookupResult::Retry {
             return v;
         }
         assert!(

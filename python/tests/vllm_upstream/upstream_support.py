@@ -155,7 +155,7 @@ def _library_refuses_short_hashes() -> bool:
 
 
 SHORT_HASHES_REFUSED = _library_refuses_short_hashes()
-SHORT_HASH_REASON = "libkvtier refuses block hashes under 3 bytes (src/key.rs MIN_HASH_BYTES); vLLM uses 1-byte hashes"
+SHORT_HASH_REASON = "libkvtier refuses block hashes under 3 bytes (core/src/key.rs MIN_HASH_BYTES); vLLM uses 1-byte hashes"
 
 
 # ---------------------------------------------------------------------------------------

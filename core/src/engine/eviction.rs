@@ -1,0 +1,241 @@
+//! Bounded namespaces: a background task lists the tier's namespace every interval and
+//! deletes the oldest objects past the byte budget and every object past the maximum age.
+//! Each deleted block becomes a BlockRemoved event and is forgotten by dedup, so a later
+//! store uploads it again. A block deleted under a lookup is simply a MISS later: its
+//! load fails alone with NotFound, never with wrong bytes.
+//!
+//! "Oldest" is by last-modified time: an approximate LRU needs something to refresh it
+//! (not built; S3 lifecycle rules are the alternative for pure age limits).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+
+use super::events::KvEvent;
+use super::job::KeyBatch;
+use super::Shared;
+use crate::config::EvictionConfig;
+use crate::error::{Error, Result, Status};
+use crate::store::object_path;
+
+/// What one eviction round found and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+// Every field is mirrored by the C ABI's kvt_eviction_report, which destructures it whole
+// (a field added here fails its build until the header has it too): not non_exhaustive.
+pub struct EvictionReport {
+    /// Blocks of the namespace and their bytes before the round.
+    pub objects: u64,
+    pub bytes: u64,
+    /// Blocks deleted and their bytes.
+    pub deleted: u64,
+    pub deleted_bytes: u64,
+}
+
+/// An object that eviction (or `kvtier gc`) may delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictionCandidate {
+    pub name: String,
+    pub bytes: u64,
+    pub modified: SystemTime,
+}
+
+/// Why [`choose_evictions`] chose an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionReason {
+    /// Modified before the cutoff.
+    Age,
+    /// Among the oldest objects while the set holds more than the byte budget.
+    Budget,
+}
+
+/// Sorts `objects` oldest first (the name breaks ties, so a choice does not depend on
+/// listing order) and chooses which to delete: every object modified before `cutoff`,
+/// then the oldest of the rest while more than `max_bytes` remain. Returns how many of
+/// the sorted objects go (they are the first ones) and why each goes.
+pub fn choose_evictions(
+    objects: &mut [EvictionCandidate],
+    cutoff: Option<SystemTime>,
+    max_bytes: Option<u64>,
+) -> Vec<EvictionReason> {
+    objects.sort_by(|a, b| {
+        a.modified
+            .cmp(&b.modified)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let mut remaining: u64 = objects.iter().map(|o| o.bytes).sum();
+    let mut reasons = Vec::new();
+    for object in objects.iter() {
+        let reason = if cutoff.is_some_and(|cutoff| object.modified < cutoff) {
+            EvictionReason::Age
+        } else if max_bytes.is_some_and(|max| remaining > max) {
+            EvictionReason::Budget
+        } else {
+            // Oldest first: every later object is newer still, and the budget is met.
+            break;
+        };
+        remaining -= object.bytes;
+        reasons.push(reason);
+    }
+    reasons
+}
+
+/// Runs rounds every `interval_ms` until the tier shuts down (its runtime drops the task).
+pub(crate) async fn run(shared: Arc<Shared>, config: EvictionConfig) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(config.interval_ms));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await; // the first tick is immediate: the first round waits one interval
+    loop {
+        ticks.tick().await;
+        if shared.closing.load(Ordering::Acquire) {
+            return;
+        }
+        match round(&shared, &config).await {
+            Ok(report) if report.deleted > 0 => log::info!(
+                "eviction: deleted {} of {} blocks ({} of {} bytes)",
+                report.deleted,
+                report.objects,
+                report.deleted_bytes,
+                report.bytes
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!("eviction round failed: {}", e.message),
+        }
+    }
+}
+
+/// One round: list, choose, delete, report.
+pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<EvictionReport> {
+    let base = shared.layout.base();
+    let store = &shared.lookup_store;
+    let mut listing = store.list(base);
+    let mut blocks = Vec::new();
+    while let Some(object) = listing.next().await {
+        let object = object
+            .map_err(|e| Error::new(e.status, format!("eviction: list {base}: {}", e.message)))?;
+        // Only blocks of this layout: never probe objects or anything else under the base.
+        if shared.layout.key_of(&object.name).is_some() {
+            blocks.push(EvictionCandidate {
+                name: object.name,
+                bytes: object.bytes,
+                modified: object.modified,
+            });
+        }
+    }
+    let mut report = EvictionReport {
+        objects: blocks.len() as u64,
+        bytes: blocks.iter().map(|b| b.bytes).sum(),
+        ..Default::default()
+    };
+    let cutoff = config
+        .max_age_s
+        .and_then(|age| SystemTime::now().checked_sub(Duration::from_secs(age)));
+    let chosen = choose_evictions(&mut blocks, cutoff, config.max_bytes).len();
+    let doomed = &blocks[..chosen];
+    let mut removed = Vec::new();
+    for block in doomed {
+        match store.delete(&object_path(&block.name)).await {
+            Ok(()) => {}
+            // Deleted by someone else meanwhile (another tier, `kvtier gc`): gone either way.
+            Err(e) if e.status == Status::NotFound => {}
+            Err(e) => {
+                log::warn!("eviction: {}", e.message);
+                continue;
+            }
+        }
+        report.deleted += 1;
+        report.deleted_bytes += block.bytes;
+        if let Some(key) = shared.layout.key_of(&block.name) {
+            shared.dedup.forget(&key);
+            removed.push(key);
+        }
+    }
+    shared
+        .stats
+        .evicted_blocks
+        .fetch_add(report.deleted, Ordering::Relaxed);
+    shared
+        .stats
+        .evicted_bytes
+        .fetch_add(report.deleted_bytes, Ordering::Relaxed);
+    emit_removed(shared, &removed);
+    Ok(report)
+}
+
+/// BlockRemoved events for `keys` (when the tier records events).
+pub(crate) fn emit_removed(shared: &Shared, keys: &[Vec<u8>]) {
+    if !shared.config.enable_kv_events || keys.is_empty() {
+        return;
+    }
+    // Keys of one layout may differ in length (key_bytes = 0): one event per length.
+    let mut by_length: std::collections::BTreeMap<usize, Vec<&[u8]>> = Default::default();
+    for key in keys {
+        by_length.entry(key.len()).or_default().push(key);
+    }
+    for (_, group) in by_length {
+        if let Ok(batch) = KeyBatch::from_keys(&group) {
+            shared.events.push(KvEvent {
+                job_id: 0,
+                keys: batch,
+                locality: shared.config.locality,
+                removed: true,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str, bytes: u64, modified_s: u64) -> EvictionCandidate {
+        EvictionCandidate {
+            name: name.into(),
+            bytes,
+            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(modified_s),
+        }
+    }
+
+    fn chosen(
+        mut objects: Vec<EvictionCandidate>,
+        cutoff_s: Option<u64>,
+        max_bytes: Option<u64>,
+    ) -> Vec<(String, EvictionReason)> {
+        let cutoff = cutoff_s.map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+        let reasons = choose_evictions(&mut objects, cutoff, max_bytes);
+        objects
+            .into_iter()
+            .zip(reasons)
+            .map(|(o, r)| (o.name, r))
+            .collect()
+    }
+
+    #[test]
+    fn age_then_budget_oldest_first_with_names_breaking_ties() {
+        let listing = vec![
+            object("c", 10, 30),
+            object("a", 10, 10),
+            object("b2", 10, 20),
+            object("b1", 10, 20),
+            object("d", 10, 40),
+        ];
+        let names = |v: Vec<(String, EvictionReason)>| {
+            v.iter()
+                .map(|(n, r)| format!("{n}:{r:?}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(names(chosen(listing.clone(), Some(20), None)), "a:Age");
+        assert_eq!(
+            names(chosen(listing.clone(), None, Some(25))),
+            "a:Budget b1:Budget b2:Budget"
+        );
+        assert_eq!(
+            names(chosen(listing.clone(), Some(21), Some(15))),
+            "a:Age b1:Age b2:Age c:Budget"
+        );
+        assert!(chosen(listing.clone(), Some(0), Some(50)).is_empty());
+        assert_eq!(chosen(listing, None, Some(0)).len(), 5);
+    }
+}

@@ -1,0 +1,1064 @@
+//! The tier engine: job table, I/O runtime and completion queue.
+//!
+//! Submission runs on the caller's thread and only validates and spawns; the I/O runs on
+//! the tier's own tokio runtime; completions come back through a crossbeam channel, with
+//! an eventfd that is readable while results wait.
+//!
+//! Rooms: `jobs` (what is submitted and what comes back), `holds` (the caller memory that
+//! jobs not yet polled hold), `transfer` (moving blocks), `dedup` (what the tier remembers
+//! about keys), `lookup` (non-blocking existence lookups), `events`, `stats`, `runtime`.
+
+mod dedup;
+mod events;
+mod eviction;
+mod holds;
+mod job;
+mod jobs;
+mod lookup;
+mod metrics;
+mod runtime;
+mod stats;
+mod transfer;
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use futures::FutureExt;
+use tokio::runtime::Runtime;
+use tokio::sync::Semaphore;
+
+use crate::config::{StoreConfig, TierConfig};
+use crate::encryption::Encryption;
+use crate::error::{panic_message, Error, Result, Status};
+use crate::key::{split_key, KeyLayout};
+use crate::memory::{
+    BlockMemory, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB, MAX_RANGES_PER_KEY,
+};
+use crate::store::{ProbeOutcome, Store, UploadCheck};
+use dedup::Dedup;
+use jobs::{failed_result, JobTable, Phase, ReadyFd};
+use lookup::{Answer, LookupTable};
+
+pub use events::{KvEvent, EVENT_MEDIUM};
+pub use eviction::{choose_evictions, EvictionCandidate, EvictionReason, EvictionReport};
+pub use job::{JobKind, JobResult, KeyBatch, MAX_KEYS_PER_JOB};
+pub use lookup::LookupResult;
+pub use runtime::is_tier_thread;
+pub use stats::{StatsField, StatsSnapshot, STATS_FIELDS};
+
+/// What the caller's side and the I/O side of a tier share.
+pub(crate) struct Shared {
+    /// The store of the transfer lane.
+    store: Arc<Store>,
+    /// The store client of the lookup lane (its own when the lane is separate:
+    /// connections belong to the runtime that opened them).
+    lookup_store: Arc<Store>,
+    layout: KeyLayout,
+    config: TierConfig,
+    probe: ProbeOutcome,
+    /// Whether the store refuses an upload damaged in transit (probed at start).
+    upload_check: UploadCheck,
+    pool: OnceLock<HostPool>,
+    transfer_permits: Semaphore,
+    lookup_permits: Semaphore,
+    table: Mutex<JobTable>,
+    table_changed: Condvar,
+    results_tx: Sender<JobResult>,
+    ready: ReadyFd,
+    closing: AtomicBool,
+    answers_tx: Sender<Vec<Answer>>,
+    stats: stats::Stats,
+    metrics: metrics::Metrics,
+    dedup: Dedup,
+    events: events::EventQueue,
+    /// Encryption at rest, when configured.
+    encryption: Option<Arc<Encryption>>,
+}
+
+struct Lookups {
+    table: LookupTable,
+    answers_rx: Receiver<Vec<Answer>>,
+}
+
+impl Lookups {
+    fn apply_answers(&mut self) {
+        while let Ok(batch) = self.answers_rx.try_recv() {
+            self.table.apply(batch);
+        }
+    }
+}
+
+impl Shared {
+    async fn transfer_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.transfer_permits.acquire().await.map_err(|_| {
+            Error::new(
+                Status::Cancelled,
+                "the tier shut down before the transfer started",
+            )
+        })
+    }
+
+    /// Whether a transfer starting now (its permit held) may split a large object into
+    /// parts on connections of their own. Parts fill a link the caller's jobs leave idle:
+    /// with a quarter of `max_inflight_transfers` or fewer in flight (16 of the default
+    /// 64), a few large objects would each crawl down one connection. Past that, the jobs
+    /// already keep many connections busy, and parts would only cost requests (and the
+    /// server its assembly of an upload's parts).
+    fn transfer_may_use_parts(&self) -> bool {
+        let most = self.config.max_inflight_transfers;
+        let in_flight = most.saturating_sub(self.transfer_permits.available_permits());
+        parts_fill_the_lane(in_flight, most)
+    }
+
+    fn table(&self) -> MutexGuard<'_, JobTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes a job's one result. A second finish for the same id is dropped.
+    fn finish(&self, result: JobResult) {
+        self.metrics
+            .job_finished(result.kind, result.seconds, &result.key_status);
+        let mut table = self.table();
+        match table.jobs.get_mut(&result.job_id) {
+            Some(phase @ Phase::Running { .. }) => {
+                *phase = Phase::Finished;
+                table.running -= 1;
+            }
+            _ => {
+                log::error!(
+                    "job {} finished twice; second result dropped",
+                    result.job_id
+                );
+                return;
+            }
+        }
+        if self.results_tx.is_empty() {
+            self.ready.raise();
+        }
+        let _ = self.results_tx.send(result);
+        drop(table);
+        self.table_changed.notify_all();
+    }
+}
+
+/// A secondary KV-cache tier.
+///
+/// All methods take `&self`; the tier is `Send + Sync`. `poll` must not run concurrently
+/// with itself if the caller relies on result order.
+pub struct Tier {
+    shared: Arc<Shared>,
+    runtime: RwLock<Option<Runtime>>,
+    /// The lookup lane's own runtime (one thread) and HTTP client, so that existence
+    /// checks neither queue behind transfer tasks nor wait for a pooled connection.
+    lookup_runtime: RwLock<Option<Runtime>>,
+    results_rx: Receiver<JobResult>,
+    lookups: Mutex<Lookups>,
+}
+
+impl Tier {
+    /// Parses `json`, builds the store and probes it.
+    pub fn from_json(json: &str) -> Result<Tier> {
+        Tier::new(TierConfig::from_json(json)?)
+    }
+
+    pub fn new(config: TierConfig) -> Result<Tier> {
+        config.validate()?;
+        let layout = KeyLayout::new(&config.prefix, &config.namespace)?;
+        // The keyring before the store: a tier that cannot encrypt does not start.
+        let encryption = config
+            .encryption
+            .as_ref()
+            .map(Encryption::open)
+            .transpose()?
+            .map(Arc::new);
+        let (runtime, store) = runtime::runtime_with_store(
+            &config.store,
+            config.runtime_threads,
+            config.file_io_threads,
+            runtime::Lane::Transfers,
+            config.transfer_thread_nice,
+        )?;
+        let probe_name = layout.probe_name();
+        let (probe, dedup_mode, upload_check) = runtime::block_on_caller_thread(&runtime, async {
+            let probe = store.probe(&probe_name).await?;
+            let dedup_mode = dedup::choose_mode(&store, &probe_name, config.dedup).await?;
+            Ok::<_, Error>((probe, dedup_mode, store.checks_uploads(&probe_name).await))
+        })?;
+        if let UploadCheck::HeaderRefused(answer) = &upload_check {
+            return Err(Error::config(format!(
+                "{} refuses a PUT that carries the checksum header x-amz-checksum-crc64nvme ({answer}): \
+                 if it does not support S3's additional checksums, set store.req_checksum to \"required\"",
+                store.describe()
+            )));
+        }
+        let store = Arc::new(store);
+        let (lookup_runtime, lookup_store) = if config.separate_lookup_lane
+            && !matches!(config.store, StoreConfig::Local(_) | StoreConfig::Memory(_))
+        {
+            let (lane, lane_store) =
+                runtime::runtime_with_store(&config.store, 1, 1, runtime::Lane::Lookups, 0)?;
+            (Some(lane), Arc::new(lane_store))
+        } else {
+            (None, store.clone())
+        };
+        let (results_tx, results_rx) = crossbeam_channel::unbounded();
+        let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
+        log::info!("kvtier tier ready on {}", store.describe());
+        let shared = Arc::new(Shared {
+            store,
+            lookup_store,
+            layout,
+            transfer_permits: Semaphore::new(config.max_inflight_transfers),
+            lookup_permits: Semaphore::new(config.max_inflight_lookups),
+            dedup: Dedup::new(
+                dedup_mode,
+                config.known_keys_capacity,
+                std::time::Duration::from_millis(config.known_keys_ttl_ms),
+            ),
+            config,
+            probe,
+            upload_check,
+            pool: OnceLock::new(),
+            table: Mutex::new(JobTable::default()),
+            table_changed: Condvar::new(),
+            results_tx,
+            ready: ReadyFd::new()?,
+            closing: AtomicBool::new(false),
+            answers_tx,
+            stats: stats::Stats::default(),
+            metrics: metrics::Metrics::default(),
+            events: events::EventQueue::default(),
+            encryption,
+        });
+        if let Some(encryption) = &shared.encryption {
+            if let Some(interval) = encryption.refresh_interval() {
+                drop(runtime.spawn(refresh_keyring(encryption.clone(), interval)));
+            }
+        }
+        if let Some(eviction) = shared.config.eviction.clone() {
+            // On the lookup lane when there is one: listing never competes with transfers.
+            let task = eviction::run(shared.clone(), eviction);
+            match &lookup_runtime {
+                Some(lane) => drop(lane.spawn(task)),
+                None => drop(runtime.spawn(task)),
+            }
+        }
+        Ok(Tier {
+            shared,
+            runtime: RwLock::new(Some(runtime)),
+            lookup_runtime: RwLock::new(lookup_runtime),
+            results_rx,
+            lookups: Mutex::new(Lookups {
+                table: LookupTable::default(),
+                answers_rx,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &TierConfig {
+        &self.shared.config
+    }
+
+    pub fn layout(&self) -> &KeyLayout {
+        &self.shared.layout
+    }
+
+    /// The store the tier writes to and reads from.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// Whether the store refuses an upload whose body was damaged in transit, as the
+    /// start-up probe found.
+    pub fn upload_check(&self) -> UploadCheck {
+        self.shared.upload_check.clone()
+    }
+
+    /// The dedup mode in force: the configured one, or `SkipKnown` where the start-up
+    /// probe found that the store does not honour conditional PUT.
+    pub fn dedup_mode(&self) -> crate::config::DedupMode {
+        self.shared.dedup.mode
+    }
+
+    /// Whether start-up found that missing keys answer 403 (no ListBucket permission).
+    pub fn missing_keys_are_forbidden(&self) -> bool {
+        self.shared.probe == ProbeOutcome::ReadyWithoutList
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
+    /// Registers the caller's host pool. Allowed once per tier.
+    ///
+    /// # Safety
+    /// `base .. base + num_blocks * block_bytes` must stay valid until [`shutdown`](Self::shutdown)
+    /// returns, and the caller must not write a block while a store job reads it or touch
+    /// a block while a load job writes it.
+    pub unsafe fn register_memory(
+        &self,
+        base: *mut u8,
+        num_blocks: u64,
+        block_bytes: usize,
+    ) -> Result<()> {
+        if self.is_shut_down() {
+            return Err(Error::new(
+                Status::ShutDown,
+                "register_memory after shutdown",
+            ));
+        }
+        // SAFETY: this function's own contract, passed on.
+        let pool = unsafe { HostPool::new(base, num_blocks, block_bytes)? };
+        // Under the table's lock, as regions are added: a region and the pool are never
+        // registered at once without one seeing the other.
+        let mut table = self.shared.table();
+        self.shared
+            .pool
+            .set(pool)
+            .map_err(|_| Error::state("memory is already registered; a tier has one host pool"))?;
+        table.pool_registered(pool.memory());
+        Ok(())
+    }
+
+    pub fn pool(&self) -> Option<HostPool> {
+        self.shared.pool.get().copied()
+    }
+
+    /// Submits a job moving `keys[i]` to or from block `block_ids[i]` of the pool.
+    ///
+    /// Never blocks. Unless it returns `DuplicateJob`, exactly one result for `job_id`
+    /// will come out of [`poll`](Self::poll), also when this returns an error.
+    pub fn submit(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        block_ids: &[u64],
+        keys: KeyBatch,
+    ) -> Result<()> {
+        self.admit(kind, job_id, &keys)?;
+        let held = self
+            .prepare(&keys)
+            .and_then(|()| self.hold_blocks(kind, job_id, block_ids, &keys));
+        self.launch_held(kind, job_id, keys, held)
+    }
+
+    /// Submits a job moving `keys[i]` to or from the memory
+    /// `ranges[i * ranges_per_key .. (i + 1) * ranges_per_key]`, whose concatenation is the
+    /// key's object: the same object a pool block of the same bytes gives.
+    ///
+    /// Same guarantees as [`submit`](Self::submit). A load may not overlap memory another
+    /// job holds (or that another key of the same load names); stores may share it.
+    pub fn submit_ranges(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        ranges: &[MemoryRange],
+        ranges_per_key: usize,
+        keys: KeyBatch,
+    ) -> Result<()> {
+        self.admit(kind, job_id, &keys)?;
+        let held = self
+            .prepare(&keys)
+            .and_then(|()| self.hold_ranges(kind, job_id, ranges, ranges_per_key, &keys));
+        self.launch_held(kind, job_id, keys, held)
+    }
+
+    fn launch_held(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        keys: KeyBatch,
+        held: Result<Vec<BlockMemory>>,
+    ) -> Result<()> {
+        match held {
+            Ok(memory) => self.launch(kind, job_id, memory, keys),
+            Err(e) => {
+                self.fail_admitted(job_id, kind, keys, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers `len` bytes at `base` as a region that jobs name ranges of, and returns
+    /// its id. Regions may be added at any time before shutdown, and may overlap each
+    /// other and the pool (what jobs hold is checked by address).
+    ///
+    /// # Safety
+    /// `base .. base + len` must stay valid until the region is removed with
+    /// [`remove_region`](Self::remove_region) or the tier is shut down, and the caller must
+    /// not write a range while a store job reads it or touch it while a load job writes it.
+    pub unsafe fn add_region(&self, base: *mut u8, len: usize) -> Result<u64> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "add_region after shutdown"));
+        }
+        // The pool is read under the table's lock, under which it is registered.
+        let mut table = self.shared.table();
+        let pool = self.pool().map(|pool| pool.memory());
+        table.add_region(base, len, pool)
+    }
+
+    /// Forgets a region, so that its memory may be freed. Refused (`BlockBusy`) while a job
+    /// whose result has not been polled holds a range of it; an unknown id is `Invalid`.
+    pub fn remove_region(&self, region: u64) -> Result<()> {
+        let mut table = self.shared.table();
+        if !table.regions.contains(region) {
+            return table.remove_region(region);
+        }
+        let jobs = table.holds.jobs_using(region);
+        if jobs > 0 {
+            return Err(Error::new(
+                Status::BlockBusy,
+                format!(
+                    "region {region} holds ranges of {jobs} jobs whose results have not been polled; poll them first"
+                ),
+            ));
+        }
+        table.remove_region(region)
+    }
+
+    /// Records a job that was rejected before its arguments could be read (NULL pointers
+    /// at the C boundary), so that it still yields its one failed result.
+    pub fn submit_rejected(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        num_keys: usize,
+        error: Error,
+    ) -> Error {
+        let keys = KeyBatch::empty();
+        if let Err(dup) = self.admit(kind, job_id, &keys) {
+            return dup;
+        }
+        let mut result = failed_result(job_id, kind, keys, &error);
+        // Per-key outcomes only for a plausible job size: the count came from the caller
+        // unchecked and must not decide an allocation.
+        if num_keys <= MAX_KEYS_PER_JOB {
+            result.key_status = vec![error.status; num_keys];
+        }
+        self.shared.finish(result);
+        error
+    }
+
+    fn admit(&self, kind: JobKind, job_id: u64, keys: &KeyBatch) -> Result<()> {
+        let mut table = self.shared.table();
+        if table.jobs.contains_key(&job_id) {
+            return Err(Error::new(
+                Status::DuplicateJob,
+                format!(
+                    "job id {job_id} already has a result pending; poll it before reusing the id"
+                ),
+            ));
+        }
+        table.jobs.insert(
+            job_id,
+            Phase::Running {
+                kind,
+                keys: keys.clone(),
+                submitted: Instant::now(),
+            },
+        );
+        table.running += 1;
+        Ok(())
+    }
+
+    fn fail_admitted(&self, job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) {
+        self.shared.finish(failed_result(job_id, kind, keys, error));
+    }
+
+    /// Checks what every job is checked for, whatever memory it names: the tier is open,
+    /// and the keys are as many as allowed, of the configured length, and well formed.
+    fn prepare(&self, keys: &KeyBatch) -> Result<()> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "submit after shutdown"));
+        }
+        if keys.is_empty() {
+            return Err(Error::invalid("a job needs at least one key"));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a job has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
+        }
+        let expected = self.shared.config.key_bytes;
+        if expected != 0 && keys.key_len() != expected {
+            return Err(Error::invalid(format!(
+                "keys are {} bytes but this tier is configured for key_bytes = {expected}",
+                keys.key_len()
+            )));
+        }
+        // Only validation here: the object names are built on the I/O side (`run_job`), so
+        // the caller's thread pays neither the hex formatting nor the path allocations.
+        for key in keys.iter() {
+            split_key(key)?;
+        }
+        Ok(())
+    }
+
+    /// Checks `block_ids` against the pool and holds them for the job.
+    fn hold_blocks(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        block_ids: &[u64],
+        keys: &KeyBatch,
+    ) -> Result<Vec<BlockMemory>> {
+        let pool = self.shared.pool.get().ok_or_else(|| {
+            Error::state("no memory registered: call register_memory before submitting jobs")
+        })?;
+        if keys.len() != block_ids.len() {
+            return Err(Error::invalid(format!(
+                "{} keys but {} block ids; a job moves one block per key",
+                keys.len(),
+                block_ids.len()
+            )));
+        }
+        for &block in block_ids {
+            pool.check_block(block)?;
+        }
+        let memory: Vec<BlockMemory> = block_ids.iter().map(|&b| pool.block(b)).collect();
+        let pieces: Vec<Piece> = memory.iter().flat_map(|m| m.pieces()).copied().collect();
+        self.shared
+            .table()
+            .holds
+            .hold(kind, job_id, &pieces, &[])
+            .map_err(|c| {
+                let block = block_ids[c.piece];
+                if c.job_id == job_id {
+                    Error::invalid(format!(
+                        "block id {block} appears twice in one load job; two keys cannot load into one block"
+                    ))
+                } else {
+                    c.error(&format!("block {block}"))
+                }
+            })?;
+        Ok(memory)
+    }
+
+    /// Checks `ranges` against their regions and holds them for the job, under one lock,
+    /// so that no region is removed in between.
+    fn hold_ranges(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        ranges: &[MemoryRange],
+        ranges_per_key: usize,
+        keys: &KeyBatch,
+    ) -> Result<Vec<BlockMemory>> {
+        if ranges_per_key == 0 || ranges_per_key > MAX_RANGES_PER_KEY {
+            return Err(Error::invalid(format!(
+                "ranges_per_key is {ranges_per_key}; a key's object is 1 to {MAX_RANGES_PER_KEY} ranges"
+            )));
+        }
+        if keys.len().checked_mul(ranges_per_key) != Some(ranges.len())
+            || ranges.len() > MAX_RANGES_PER_JOB
+        {
+            return Err(Error::invalid(format!(
+                "{} keys of {ranges_per_key} ranges need {} ranges, at most {MAX_RANGES_PER_JOB} a job; {} were given",
+                keys.len(),
+                keys.len() as u128 * ranges_per_key as u128,
+                ranges.len()
+            )));
+        }
+        let mut table = self.shared.table();
+        let mut pieces = Vec::with_capacity(ranges.len());
+        for (i, range) in ranges.iter().enumerate() {
+            let piece = table.regions.resolve(range).map_err(|e| {
+                Error::new(
+                    e.status,
+                    format!("range {i} (of key {}): {}", i / ranges_per_key, e.message),
+                )
+            })?;
+            pieces.push(piece);
+        }
+        let memory: Vec<BlockMemory> = pieces
+            .chunks_exact(ranges_per_key)
+            .map(|p| BlockMemory::new(p.to_vec()))
+            .collect();
+        // Each piece lies inside a region of at most isize::MAX bytes, but a key's pieces
+        // together may not fit.
+        if let Some(k) = memory.iter().position(|m| m.len() > isize::MAX as usize) {
+            return Err(Error::invalid(format!(
+                "key {k}'s ranges add up to more than isize::MAX bytes"
+            )));
+        }
+        let regions: Vec<u64> = ranges.iter().map(|r| r.region).collect();
+        table
+            .holds
+            .hold(kind, job_id, &pieces, &regions)
+            .map_err(|c| {
+                let r = &ranges[c.piece];
+                let what = format!(
+                    "range {} (of key {}: region {}, bytes {}..{})",
+                    c.piece,
+                    c.piece / ranges_per_key,
+                    r.region,
+                    r.offset,
+                    r.offset as u128 + r.len as u128
+                );
+                if c.job_id == job_id {
+                    Error::invalid(format!(
+                        "{what} overlaps another range of the same load job; two keys cannot load into the same bytes"
+                    ))
+                } else {
+                    c.error(&what)
+                }
+            })?;
+        Ok(memory)
+    }
+
+    fn launch(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        memory: Vec<BlockMemory>,
+        keys: KeyBatch,
+    ) -> Result<()> {
+        let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
+        let Some(runtime) = runtime.as_ref() else {
+            let e = Error::new(Status::ShutDown, "submit after shutdown");
+            self.fail_admitted(job_id, kind, keys, &e);
+            return Err(e);
+        };
+        let shared = self.shared.clone();
+        let submitted = Instant::now();
+        runtime.spawn(async move {
+            let job = transfer::run_job(
+                shared.clone(),
+                kind,
+                job_id,
+                memory,
+                keys.clone(),
+                submitted,
+            );
+            let result = match std::panic::AssertUnwindSafe(job).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => {
+                    let e = Error::new(
+                        Status::Panic,
+                        format!("job {job_id} panicked: {}", panic_message(&*panic)),
+                    );
+                    failed_result(job_id, kind, keys, &e)
+                }
+            };
+            shared.finish(result);
+        });
+        Ok(())
+    }
+
+    /// Takes up to `max` finished jobs. Each job is returned exactly once.
+    pub fn poll(&self, max: usize) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        // Under the table lock, `finish` is either wholly done or not begun.
+        let mut table = self.shared.table();
+        while out.len() < max {
+            match self.results_rx.try_recv() {
+                Ok(result) => {
+                    table.jobs.remove(&result.job_id);
+                    table.holds.release(result.job_id);
+                    out.push(result);
+                }
+                Err(_) => break,
+            }
+        }
+        if !out.is_empty() && self.results_rx.is_empty() {
+            self.shared.ready.clear();
+        }
+        drop(table);
+        self.after_poll(&out);
+        out
+    }
+
+    /// Applies finished jobs to lookups and events, in vLLM's order: failed load keys
+    /// become MISS for the requests holding them; successful stores yield one event.
+    fn after_poll(&self, results: &[JobResult]) {
+        let failed_loads = results
+            .iter()
+            .any(|r| r.kind == JobKind::Load && !r.succeeded());
+        if failed_loads {
+            let mut lookups = self.lookups();
+            for r in results.iter().filter(|r| r.kind == JobKind::Load) {
+                let failed = r
+                    .keys
+                    .iter()
+                    .zip(&r.key_status)
+                    .filter(|(_, s)| !s.is_ok())
+                    .map(|(k, _)| k);
+                lookups.table.mark_miss(failed);
+            }
+        }
+        if self.shared.config.enable_kv_events {
+            for r in results
+                .iter()
+                .filter(|r| r.kind == JobKind::Store && r.succeeded())
+            {
+                let locality = self.shared.config.locality;
+                self.shared.events.push(KvEvent {
+                    job_id: r.job_id,
+                    keys: r.keys.clone(),
+                    locality,
+                    removed: false,
+                });
+            }
+        }
+    }
+
+    fn lookups(&self) -> MutexGuard<'_, Lookups> {
+        self.lookups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Does the tier hold `key`? Never blocks and never does I/O: an unknown key answers
+    /// `Retry` and is checked after the next [`schedule_end`](Self::schedule_end).
+    pub fn lookup(&self, request: u64, key: &[u8]) -> Result<LookupResult> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "lookup after shutdown"));
+        }
+        self.check_key(key)?;
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        Ok(lookups.table.lookup(request, key))
+    }
+
+    /// Sends the lookups asked since the last call as one batch to the lookup lane.
+    pub fn schedule_end(&self) -> Result<()> {
+        let groups = {
+            let mut lookups = self.lookups();
+            lookups.apply_answers();
+            lookups.table.flush()
+        };
+        if groups.is_empty() {
+            return Ok(());
+        }
+        if self.on_lookup_lane(|lane| lookup::start_checks(&self.shared, groups, lane)) {
+            Ok(())
+        } else {
+            Err(Error::new(Status::ShutDown, "schedule_end after shutdown"))
+        }
+    }
+
+    /// Runs `start` with the lookup lane's runtime (the transfer runtime when the lane
+    /// has none of its own); false, without running it, after shutdown. `start` runs while
+    /// the runtime's lock is held, so shutdown cannot drop the runtime in between.
+    fn on_lookup_lane(&self, start: impl FnOnce(&tokio::runtime::Handle)) -> bool {
+        let lane = self
+            .lookup_runtime
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        match lane.as_ref() {
+            Some(rt) => {
+                start(rt.handle());
+                true
+            }
+            None => self.with_runtime(|rt| start(rt.handle())).is_some(),
+        }
+    }
+
+    /// Checks `keys` in the store now, all at once on the lookup lane, and blocks until
+    /// every check has answered or `timeout` has passed: one verdict per key, in order,
+    /// `Hit` or `Miss` as the store answered, `Retry` where the check failed or had not
+    /// answered in time. For engines whose existence call is synchronous (SGLang's
+    /// `batch_exists`); it shares nothing with the per-request lookups. Must not be
+    /// called from the tier's own threads.
+    pub fn check_now<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+    ) -> Result<Vec<LookupResult>> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "check_now after shutdown"));
+        }
+        if is_tier_thread(&std::thread::current()) {
+            return Err(Error::invalid(
+                "check_now blocks, so it must not be called from one of the tier's threads",
+            ));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a check has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
+        }
+        let mut shared_keys = Vec::with_capacity(keys.len());
+        for key in keys {
+            self.check_key(key.as_ref())?;
+            shared_keys.push(lookup::SharedKey::from(key.as_ref()));
+        }
+        if shared_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let learned = self.shared.clone();
+        let done = move |keys: Vec<lookup::SharedKey>, verdicts: Vec<lookup::Verdict>| {
+            lookup::learn(&learned, keys.iter().map(|k| &**k).zip(verdicts.iter()));
+            // The caller may have stopped waiting (timed out): then nobody receives.
+            let _ = tx.try_send(verdicts);
+        };
+        let checked = shared_keys.clone();
+        let started = self.on_lookup_lane(|lane| {
+            lookup::spawn_checks(&self.shared, shared_keys, lane, move |v| done(checked, v))
+        });
+        if !started {
+            return Err(Error::new(Status::ShutDown, "check_now after shutdown"));
+        }
+        let to_result = |v: &lookup::Verdict| match v {
+            Ok(true) => LookupResult::Hit,
+            Ok(false) => LookupResult::Miss,
+            Err(()) => LookupResult::Retry,
+        };
+        match rx.recv_timeout(timeout) {
+            Ok(verdicts) => Ok(verdicts.iter().map(to_result).collect()),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                Ok(vec![LookupResult::Retry; keys.len()])
+            }
+            // The runtime was dropped with the checks (a shutdown on another thread).
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::new(
+                Status::ShutDown,
+                "the tier shut down during the check",
+            )),
+        }
+    }
+
+    /// The request will not look anything up again; verdicts only it held are dropped.
+    pub fn request_finished(&self, request: u64) {
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        lookups.table.request_finished(request);
+    }
+
+    /// Keys with lookup state (for tests).
+    pub fn tracked_lookup_keys(&self) -> usize {
+        self.lookups().table.tracked_keys()
+    }
+
+    /// Runs one eviction round now (the background task runs them every
+    /// `eviction.interval_ms`) and waits for it. `State` if the tier has no `eviction`.
+    pub fn evict_now(&self) -> Result<EvictionReport> {
+        let Some(config) = self.shared.config.eviction.clone() else {
+            return Err(Error::state("the tier has no eviction configured"));
+        };
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(
+                rt,
+                async move { eviction::round(&shared, &config).await },
+            )
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
+    }
+
+    /// Deletes every block of the tier's namespace (the objects under its prefix and
+    /// namespace that have a block's name; nothing else), as an eviction round with no
+    /// byte budget: each deleted block is a BlockRemoved event and is forgotten, so a
+    /// later store uploads it again. Works with or without `eviction` configured. Blocks
+    /// stored by other tiers into the same namespace go too; with an empty prefix and
+    /// namespace that is every block of the bucket.
+    pub fn clear(&self) -> Result<EvictionReport> {
+        let everything = crate::config::EvictionConfig {
+            max_bytes: Some(0),
+            max_age_s: None,
+            interval_ms: 0,
+        };
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(rt, async move {
+                eviction::round(&shared, &everything).await
+            })
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
+    }
+
+    /// Takes up to `max` of the BlockStored and BlockRemoved events recorded so far,
+    /// oldest first.
+    pub fn take_events(&self, max: usize) -> Vec<KvEvent> {
+        self.shared.events.take(max, false)
+    }
+
+    /// Takes up to `max` BlockStored events, oldest first; BlockRemoved events on the way
+    /// are dropped (the interface of hosts that know only stored blocks).
+    pub fn take_stored_events(&self, max: usize) -> Vec<KvEvent> {
+        self.shared.events.take(max, true)
+    }
+
+    /// The tier's metrics in the Prometheus text exposition format (version 0.0.4): the
+    /// counters of [`stats`](Self::stats) as `kvtier_<name>_total`, failed keys by status,
+    /// jobs in flight, and histograms of job latency, existence-check latency and object
+    /// sizes.
+    pub fn metrics(&self) -> String {
+        let gauges = metrics::Gauges {
+            jobs_in_flight: self.jobs_in_flight(),
+            lookups_tracked: self.tracked_lookup_keys(),
+        };
+        self.shared.metrics.render(&self.stats(), &gauges)
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut snapshot = self.shared.stats.snapshot();
+        // The direct path's and the HTTP client's counters live with the stores that count
+        // them.
+        let mut stores = vec![&self.shared.store];
+        if !Arc::ptr_eq(&self.shared.store, &self.shared.lookup_store) {
+            stores.push(&self.shared.lookup_store);
+        }
+        for store in stores {
+            let direct = store.direct_counts();
+            snapshot.direct_requests += direct.requests;
+            snapshot.direct_fallbacks += direct.fallbacks;
+            snapshot.retries += store.retries();
+            snapshot.damaged_uploads += store.damaged_uploads();
+        }
+        snapshot
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        let expected = self.shared.config.key_bytes;
+        if expected != 0 && key.len() != expected {
+            return Err(Error::invalid(format!(
+                "key is {} bytes but this tier is configured for key_bytes = {expected}",
+                key.len()
+            )));
+        }
+        split_key(key).map(|_| ())
+    }
+
+    /// A file descriptor that is readable while results wait. Owned by the tier.
+    pub fn ready_fd(&self) -> RawFd {
+        self.shared.ready.fd()
+    }
+
+    /// Where the tier's objects are, for logs and metrics labels: the store in words
+    /// ([`Store::describe`](crate::store::Store::describe)) and the prefix/namespace its
+    /// objects live under. Never holds a credential.
+    pub fn location(&self) -> String {
+        let store = self.shared.store.describe();
+        match self.shared.layout.base() {
+            "" => store.to_string(),
+            base => format!("{store}, objects under {base}/"),
+        }
+    }
+
+    /// Jobs submitted and not yet finished.
+    pub fn jobs_in_flight(&self) -> usize {
+        self.shared.table().running
+    }
+
+    /// Waits until no job is in flight. Results stay queued for `poll`.
+    pub fn drain(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut table = self.shared.table();
+        while table.running > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::new(
+                    Status::Timeout,
+                    format!(
+                        "{} jobs still in flight after {} ms",
+                        table.running,
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            table = self
+                .shared
+                .table_changed
+                .wait_timeout(table, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Stops the tier: refuses new work, cancels work that has not started (reported as
+    /// `Cancelled`), waits for operations in progress, and stops the runtime. Afterwards
+    /// no thread of the tier touches the host pool; results stay available to `poll`.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        let runtime = self
+            .runtime
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(runtime) = runtime else { return };
+        let lookup_runtime = self
+            .lookup_runtime
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.transfer_permits.close();
+        self.shared.lookup_permits.close();
+        let grace = Duration::from_millis(self.shared.config.shutdown_timeout_ms);
+        if let Err(e) = self.drain(grace) {
+            log::warn!("shutdown: {}; abandoning them", e.message);
+        }
+        // Dropping the runtime waits for blocking file I/O and drops every task, so no
+        // code of the tier runs after this line.
+        drop(runtime);
+        drop(lookup_runtime);
+        let abandoned: Vec<(u64, JobKind, KeyBatch, Instant)> = self
+            .shared
+            .table()
+            .jobs
+            .iter()
+            .filter_map(|(&id, phase)| match phase {
+                Phase::Running {
+                    kind,
+                    keys,
+                    submitted,
+                } => Some((id, *kind, keys.clone(), *submitted)),
+                Phase::Finished => None,
+            })
+            .collect();
+        for (id, kind, keys, submitted) in abandoned {
+            let e = Error::new(
+                Status::Cancelled,
+                "the tier shut down before the job finished",
+            );
+            let mut result = failed_result(id, kind, keys, &e);
+            result.seconds = submitted.elapsed().as_secs_f64();
+            self.shared.finish(result);
+        }
+    }
+
+    pub(crate) fn with_runtime<R>(&self, f: impl FnOnce(&Runtime) -> R) -> Option<R> {
+        let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
+        runtime.as_ref().map(f)
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Reads the keyring again every `interval` (a file read or a command: on a blocking
+/// thread), for as long as the tier's runtime runs.
+async fn refresh_keyring(encryption: Arc<Encryption>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let encryption = encryption.clone();
+        let _ = tokio::task::spawn_blocking(move || encryption.refresh()).await;
+    }
+}
+
+/// [`Shared::transfer_may_use_parts`]: `in_flight` transfers (this one included) of at most
+/// `most` at once are a quarter of the lane or less (one alone always is).
+fn parts_fill_the_lane(in_flight: usize, most: usize) -> bool {
+    in_flight.saturating_mul(4) <= most.max(4)
+}
+
+#[cfg(test)]
+mod parts_tests {
+    #[test]
+    fn parts_fill_a_quarter_of_the_lane() {
+        assert!(super::parts_fill_the_lane(1, 64));
+        assert!(super::parts_fill_the_lane(16, 64));
+        assert!(!super::parts_fill_the_lane(17, 64));
+        assert!(super::parts_fill_the_lane(1, 1));
+        assert!(!super::parts_fill_the_lane(2, 2));
+        assert!(!super::parts_fill_the_lane(5, 8) && super::parts_fill_the_lane(2, 8));
+    }
+}

@@ -1,0 +1,143 @@
+//! "Do you have this block?": asynchronous lookups answered without blocking the caller,
+//! and the batched existence check.
+
+use super::*;
+
+/// Answers whether the tier holds `key` for request `req_id`, in `*out_result`:
+/// KVT_LOOKUP_RESULT_HIT, _MISS, or _RETRY when not known yet.
+///
+/// Never blocks and never does I/O on the caller's thread: an unknown key answers RETRY
+/// and is checked after the next `kvt_tier_schedule_end`; ask again in a later step.
+/// Verdicts are shared by every request that asked for the key and kept until the last of
+/// them is finished with `kvt_tier_request_finished`. A load job that fails turns only its
+/// failed keys into MISS for the requests holding them. `key` is borrowed for the call.
+/// NULL `tier`, `key` or `out_result` is KVT_STATUS_NULL_ARGUMENT; a wrong key length
+/// (outside 5..68, or not the configured `key_bytes`) is KVT_STATUS_INVALID_ARGUMENT and
+/// `key` is not read; `*out_result` is written only on success. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_lookup(
+    tier: *mut kvt_tier,
+    req_id: u64,
+    key: *const u8,
+    key_len: usize,
+    out_result: *mut kvt_lookup_result,
+) -> Status {
+    let body = |handle: &kvt_tier| {
+        if key.is_null() || out_result.is_null() {
+            return Err(Error::new(
+                Status::NullArgument,
+                if key.is_null() {
+                    "key is NULL"
+                } else {
+                    "out_result is NULL"
+                },
+            ));
+        }
+        kvtier_core::key::check_key_len(key_len)?;
+        // SAFETY: non-NULL (checked above) and `key_len` readable bytes by the header's
+        // contract; `key_len` is at most MAX_KEY_BYTES (check_key_len).
+        let key = unsafe { std::slice::from_raw_parts(key, key_len) };
+        let verdict = handle.tier.lookup(req_id, key)?;
+        // SAFETY: non-NULL (checked above) and writable by the header's contract.
+        unsafe { *out_result = verdict.into() };
+        Ok(())
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_lookup", tier, Access::Work, body) }
+}
+
+/// Ends a scheduler step: sends the lookups asked since the last call, deduplicated
+/// across requests, as one batch of concurrent existence checks on the lookup lane
+/// (separate from transfers). Never blocks. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_schedule_end(tier: *mut kvt_tier) -> Status {
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe {
+        guard_tier("kvt_tier_schedule_end", tier, Access::Work, |handle| {
+            handle.tier.schedule_end()
+        })
+    }
+}
+
+/// Tells the tier that request `req_id` will not look anything up again; verdicts held
+/// only by it are dropped (one still being checked is dropped when its answer arrives).
+/// Unknown ids are ignored. Never blocks. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_request_finished(tier: *mut kvt_tier, req_id: u64) -> Status {
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe {
+        guard_tier("kvt_tier_request_finished", tier, Access::Work, |handle| {
+            handle.tier.request_finished(req_id);
+            Ok(())
+        })
+    }
+}
+
+/// Checks `num_keys` keys (`key_len` bytes each, back to back in `keys`) in the store now
+/// and writes one verdict per key to `out_results[0..num_keys]`: KVT_LOOKUP_RESULT_HIT or
+/// _MISS as the store answered, _RETRY where the check failed or had not answered within
+/// `timeout_ms` (the late answer is dropped; nothing is written after the call returns).
+///
+/// Unlike `kvt_tier_lookup`, this blocks: for engines whose existence call must answer
+/// before it returns (SGLang's `batch_exists`). The keys are checked all at once on the
+/// lookup lane (up to `max_inflight_lookups` in flight), so a batch takes about one
+/// round trip; the calling thread only waits. It shares no state with the per-request
+/// lookups; its answers renew or drop the tier's hints as theirs do. `keys` is borrowed
+/// for the call.
+///
+/// `num_keys == 0` is OK (nothing is read or written). NULL `tier`, or NULL `keys` or
+/// `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
+/// (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+/// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and `keys` is not read; after
+/// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN; called on
+/// one of the tier's own threads (a log callback), KVT_STATUS_INVALID_ARGUMENT. On any
+/// error `out_results` is not written. Thread-safe; must not run concurrently with
+/// `kvt_tier_shutdown` or `kvt_tier_free` of the same tier.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_check_now(
+    tier: *mut kvt_tier,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+    timeout_ms: u64,
+    out_results: *mut kvt_lookup_result,
+) -> Status {
+    let body = |handle: &kvt_tier| {
+        if num_keys == 0 {
+            return Ok(());
+        }
+        if keys.is_null() || out_results.is_null() {
+            return Err(Error::new(
+                Status::NullArgument,
+                if keys.is_null() {
+                    format!("keys is NULL with num_keys = {num_keys}")
+                } else {
+                    format!("out_results is NULL with num_keys = {num_keys}")
+                },
+            ));
+        }
+        kvtier_core::key::check_key_len(key_len)?;
+        if num_keys > kvtier_core::MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "num_keys is {num_keys}; a check has at most {} keys",
+                kvtier_core::MAX_KEYS_PER_JOB
+            )));
+        }
+        // SAFETY: non-NULL (checked above) and `key_len * num_keys` readable bytes by the
+        // header's contract; both are bounded (checked above), so the product fits.
+        let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
+        let keys: Vec<&[u8]> = bytes.chunks_exact(key_len).collect();
+        let verdicts = handle
+            .tier
+            .check_now(&keys, Duration::from_millis(timeout_ms))?;
+        // SAFETY: non-NULL (checked above) and `num_keys` writable results by the header's
+        // contract; `verdicts` has one per key.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_results, num_keys) };
+        for (slot, verdict) in out.iter_mut().zip(verdicts) {
+            *slot = verdict.into();
+        }
+        Ok(())
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_check_now", tier, Access::Work, body) }
+}
