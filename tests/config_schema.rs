@@ -1,5 +1,6 @@
 //! The published configuration schema against everything that states the configuration:
-//! the README's tables (generated from it: `KVTIER_UPDATE_README=1` rewrites them), the C
+//! the tables of docs/configuration.md (generated from it: `KVTIER_UPDATE_DOCS=1`, or the
+//! older `KVTIER_UPDATE_README=1`, rewrites them), the C
 //! ABI's `kvt_config_check`, and the command line's `kvtier config check --config`. Every
 //! case below is generated from the schema, so a key added to the library is tested here
 //! without a line of this file changing.
@@ -14,8 +15,11 @@ use kvtier::ffi::{kvt_config_check, kvt_config_schema, kvt_last_error};
 use kvtier::Status;
 use serde_json::{json, Map, Value};
 
+/// The document that holds the configuration tables, from the repository root.
+const TABLES_DOC: &str = "docs/configuration.md";
+
 fn readme_path() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TABLES_DOC)
 }
 
 #[test]
@@ -23,21 +27,24 @@ fn the_readme_tables_are_the_schema() {
     let readme = std::fs::read_to_string(readme_path()).unwrap();
     let start = readme
         .find(CONFIG_TABLE_BEGIN)
-        .expect("the README's table marker")
+        .expect("docs/configuration.md's table marker")
         + CONFIG_TABLE_BEGIN.len();
     let end = readme
         .find(CONFIG_TABLE_END)
-        .expect("the README's end marker");
+        .expect("docs/configuration.md's end marker");
     let generated = format!("\n{}\n", markdown_tables());
-    if std::env::var_os("KVTIER_UPDATE_README").is_some() {
+    if ["KVTIER_UPDATE_DOCS", "KVTIER_UPDATE_README"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+    {
         let updated = format!("{}{generated}{}", &readme[..start], &readme[end..]);
         std::fs::write(readme_path(), updated).unwrap();
         return;
     }
     assert!(
         readme[start..end] == generated,
-        "README.md's configuration tables differ from the library's schema: run \
-         KVTIER_UPDATE_README=1 cargo test --release --test config_schema"
+        "docs/configuration.md's configuration tables differ from the library's schema: run \
+         KVTIER_UPDATE_DOCS=1 cargo test --release --test config_schema"
     );
 }
 
