@@ -1,5 +1,6 @@
 //! The published configuration schema against everything that states the configuration:
-//! the README's tables (generated from it: `KVTIER_UPDATE_README=1` rewrites them), the C
+//! the tables of docs/configuration.md (generated from it: `KVTIER_UPDATE_DOCS=1`, or the
+//! older `KVTIER_UPDATE_README=1`, rewrites them), the C
 //! ABI's `kvt_config_check`, and the command line's `kvtier config check --config`. Every
 //! case below is generated from the schema, so a key added to the library is tested here
 //! without a line of this file changing.
@@ -14,30 +15,39 @@ use kvtier_core::config::{
 use kvtier_core::Status;
 use serde_json::{json, Map, Value};
 
-fn readme_path() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")
+/// The document that holds the configuration tables, from the repository root.
+const TABLES_DOC: &str = "docs/configuration.md";
+
+fn tables_doc_path() -> std::path::PathBuf {
+    // This crate's directory is cli/; the document is the repository's.
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(TABLES_DOC)
 }
 
 #[test]
-fn the_readme_tables_are_the_schema() {
-    let readme = std::fs::read_to_string(readme_path()).unwrap();
-    let start = readme
+fn the_documented_tables_are_the_schema() {
+    let doc = std::fs::read_to_string(tables_doc_path()).unwrap();
+    let start = doc
         .find(CONFIG_TABLE_BEGIN)
-        .expect("the README's table marker")
+        .expect("docs/configuration.md's table marker")
         + CONFIG_TABLE_BEGIN.len();
-    let end = readme
+    let end = doc
         .find(CONFIG_TABLE_END)
-        .expect("the README's end marker");
+        .expect("docs/configuration.md's end marker");
     let generated = format!("\n{}\n", markdown_tables());
-    if std::env::var_os("KVTIER_UPDATE_README").is_some() {
-        let updated = format!("{}{generated}{}", &readme[..start], &readme[end..]);
-        std::fs::write(readme_path(), updated).unwrap();
+    if ["KVTIER_UPDATE_DOCS", "KVTIER_UPDATE_README"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+    {
+        let updated = format!("{}{generated}{}", &doc[..start], &doc[end..]);
+        std::fs::write(tables_doc_path(), updated).unwrap();
         return;
     }
     assert!(
-        readme[start..end] == generated,
-        "README.md's configuration tables differ from the library's schema: run \
-         KVTIER_UPDATE_README=1 cargo test --release --test config_schema"
+        doc[start..end] == generated,
+        "docs/configuration.md's configuration tables differ from the library's schema: run \
+         KVTIER_UPDATE_DOCS=1 cargo test --release --test config_schema"
     );
 }
 

@@ -439,7 +439,7 @@ class FaultProxy:
 
 
 def object_name(prefix: str, namespace: str, key: bytes) -> str:
-    """kvtier's (and vLLM's obj tier's) object name of ``key`` (README "Key layout")."""
+    """kvtier's (and vLLM's obj tier's) object name of ``key`` (docs/stores.md, "Key layout")."""
     key = bytes(key)
     h = key[:-4].hex()
     group = int.from_bytes(key[-4:], "big")
