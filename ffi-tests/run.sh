@@ -111,10 +111,12 @@ step libkvtier bash -c "cd '$ROOT' && cargo build --release --lib -q"
 ln -sf "$LIB" "$BUILD/libkvtier.so.0"
 ln -sf libkvtier.so.0 "$BUILD/libkvtier.so"
 
-step harness-c gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/ffi-tests/harness.c" -o "$BUILD/harness" "${LINK[@]}" -lm
-step harness-c-asan gcc -std=c11 "${CFLAGS_COMMON[@]}" "${SAN[@]}" "$ROOT/ffi-tests/harness.c" \
+# The harness is every .c file of ffi-tests/harness/ (main.c holds its case table).
+HARNESS=("$ROOT"/ffi-tests/harness/*.c)
+step harness-c gcc -std=c11 "${CFLAGS_COMMON[@]}" "${HARNESS[@]}" -o "$BUILD/harness" "${LINK[@]}" -lm
+step harness-c-asan gcc -std=c11 "${CFLAGS_COMMON[@]}" "${SAN[@]}" "${HARNESS[@]}" \
     -o "$BUILD/harness-asan" "${LINK[@]}" -lm
-step harness-cxx g++ -x c++ -std=c++17 "${CFLAGS_COMMON[@]}" "$ROOT/ffi-tests/harness.c" \
+step harness-cxx g++ -x c++ -std=c++17 "${CFLAGS_COMMON[@]}" "${HARNESS[@]}" \
     -o "$BUILD/harness-cxx" "${LINK[@]}"
 # Not linked with libkvtier: everything comes from dlopen.
 step dlopen-test g++ -std=c++17 "${CFLAGS_COMMON[@]}" "$ROOT/ffi-tests/dlopen_test.cpp" \

@@ -85,7 +85,7 @@ prefix() {
     aarch64-linux-gnu-gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/offload.c" -o "$BIN/offload" $kvtier "${link[@]}" &&
         aarch64-linux-gnu-gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/lookups_events.c" -o "$BIN/lookups_events" $kvtier "${link[@]}" &&
         aarch64-linux-gnu-g++ -std=c++17 "${CFLAGS_COMMON[@]}" "$ROOT/examples-c/layer_first.cpp" -o "$BIN/layer_first" $kvtier "${link[@]}" &&
-        aarch64-linux-gnu-gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT/ffi-tests/harness.c" -o "$BIN/harness" $kvtier "${link[@]}" || return 1
+        aarch64-linux-gnu-gcc -std=c11 "${CFLAGS_COMMON[@]}" "$ROOT"/ffi-tests/harness/*.c -o "$BIN/harness" $kvtier "${link[@]}" || return 1
     local program
     for program in offload lookups_events layer_first harness; do
         [[ $(readelf -h "$BIN/$program") =~ Machine:\ *AArch64 ]] || {
