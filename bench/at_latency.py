@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """bench/at_latency.py: existence batches and large loads at a remote store's latency.
 
-    tools/venv/bin/python bench/at_latency.py                 # 0, 5, 20, 50 ms
-    tools/venv/bin/python bench/at_latency.py --rtt 20 --reps 50
-    bench/run.py at-latency                                   # the published run
+    python3 bench/at_latency.py         # 0, 5, 20, 50 ms (any python3: it needs only python/kvtier)
+    python3 bench/at_latency.py --rtt 20 --reps 50
+    bench/run.py at-latency             # the published run
 
 s3s-fs (tools/bin, from scripts/install-tools.sh) behind the project's shaping proxy (the
 `shaper` example, bench/shaper.rs): every exchange waits a round trip, a new connection's

@@ -127,6 +127,9 @@ PROGRAMS = {
                "cargo build --release --example shaper"),
     "tls-relay": ("KVTIER_TLS_RELAY", lambda: os.path.join(target_dir(), "release", "examples", "tls-relay"),
                   "cargo build --release --example tls-relay"),
+    "uring-vs-threads": ("KVTIER_URING_VS_THREADS",
+                         lambda: os.path.join(target_dir(), "release", "examples", "uring-vs-threads"),
+                         "cargo build --release --example uring-vs-threads"),
     "s3s-fs": ("KVTIER_S3S_FS", lambda: os.path.join(ROOT, "tools", "bin", "s3s-fs"), "scripts/install-tools.sh"),
 }
 
@@ -152,7 +155,7 @@ def build(*names: str, skip: bool = False) -> None:
             args.append("--lib")
         elif n == "cli":
             args += ["--bin", "kvtier"]
-        elif n in ("shaper", "tls-relay"):
+        elif n in ("shaper", "tls-relay", "uring-vs-threads"):
             args += ["--example", n]
     if args:
         subprocess.run(["cargo", "build", "--release", "-q", *args], cwd=ROOT, check=True)
@@ -453,6 +456,15 @@ def publish(lines, name: str) -> str:
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def git_rev() -> str:
+    """The checkout's commit (short), with "+uncommitted changes" when its sources differ."""
+    def git(*args):
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True).stdout.strip()
+
+    rev = git("rev-parse", "--short", "HEAD") or "?"
+    return rev + (" (+uncommitted changes)" if git("status", "--porcelain", "--", "src", "Cargo.toml") else "")
 
 
 def cpu_now() -> float:
