@@ -396,12 +396,14 @@ def phases(report: dict) -> dict:
     return {p["phase"]: p for p in report["phases"]}
 
 
-def run_arguments(description: str):
+def run_arguments(description: str, out: str):
     """The options of the drivers that time `kvtier bench` runs of store, load and verify
-    (ranges.py, encryption.py): an argparse parser to add their own to."""
+    (ranges.py, encryption.py; ``out``: their result file): an argparse parser to add their
+    own to."""
     import argparse
 
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out, help="the result file: a name under bench/results, or a path")
     ap.add_argument("--blocks", type=int, default=256)
     ap.add_argument("--block-size", default="2M")
     ap.add_argument("--concurrency", type=int, default=16)

@@ -26,9 +26,9 @@ log = common.logger("encryption")
 
 
 def main():
-    args = common.run_arguments(__doc__).parse_args()
-    common.build("cli", "sink", skip=args.no_build)
+    args = common.run_arguments(__doc__, "encryption.md").parse_args()
     stores = args.stores.split(",")
+    common.build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
     tmp = common.scratch_dir("kvbench-encryption-")
     keyring = os.path.join(tmp, "keyring.json")
     with open(keyring, "w") as f:
@@ -69,7 +69,7 @@ def main():
     lines += ["", f"Machine: {os.cpu_count()} CPUs, shared by `kvtier bench` and the sink: throughput here is "
               "bounded by CPU, so it falls as CPU per GiB rises. `kvtier bench` with checksums on, dedup off, "
               "every byte verified; AES-256-GCM in 64 KiB segments (aws-lc-rs)."]
-    common.publish(lines, "encryption.md")
+    common.publish(lines, args.out)
 
 
 if __name__ == "__main__":

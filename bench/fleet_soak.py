@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The fleet soak of python/tests/test_fleet_soak.py (python/tests/fleet.py), run longer: several engines on one
-namespace (two vLLM 0.33 TieringOffloadingManagers with kvtier as their secondary tier, one
-C engine on the C ABI), a tier with eviction, `kvtier gc --max-bytes` in a loop, one engine
-SIGKILLed and restarted, the S3 server down once; then the final check (every block stored
-after a MISS loadable by a fresh tier). Prints the test's summary line per store and exits 1
-if any check failed.
+"""The fleet soak of python/tests/test_fleet_soak.py (its fleet: python/tests/fleet.py), run
+longer: several engines on one namespace (two vLLM 0.33 TieringOffloadingManagers with
+kvtier as their secondary tier, one C engine on the C ABI), a tier with eviction, `kvtier gc
+--max-bytes` in a loop, one engine SIGKILLed and restarted, the S3 server down once; then
+the final check (every block stored after a MISS loadable by a fresh tier). Prints the
+test's summary line per store and exits 1 if any check failed.
 
     tools/venv/bin/python bench/fleet_soak.py                      # 120 s on each store
     tools/venv/bin/python bench/fleet_soak.py --seconds 600 --stores s3s-fs

@@ -31,13 +31,13 @@ def variant(text):
 
 
 def main():
-    ap = common.run_arguments(__doc__)
+    ap = common.run_arguments(__doc__, "ranges.md")
     ap.add_argument("--ranges", default="1,2,64,64a", help="counts; a trailing 'a': the adjacent layout")
     args = ap.parse_args()
     counts = args.ranges.split(",")
     assert counts[0] == "1", "the first count is the contiguous baseline, 1"
-    common.build("cli", "sink", skip=args.no_build)
     stores = args.stores.split(",")
+    common.build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
     tmp = common.scratch_dir("kvbench-ranges-")
 
     def run_one(store, text):
@@ -74,7 +74,7 @@ def main():
     lines += ["", f"Targets (at least 0.9x the throughput, at most 1.1x the CPU per GiB): "
               f"{'all met' if not failed else 'missed by ' + ', '.join(failed)}.",
               f"Machine: {os.cpu_count()} CPUs; `kvtier bench` with checksums on, dedup off, every byte verified."]
-    common.publish(lines, "ranges.md")
+    common.publish(lines, args.out)
 
 
 if __name__ == "__main__":
