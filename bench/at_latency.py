@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """bench/at_latency.py: existence batches and large loads at a remote store's latency.
 
-    tools/venv/bin/python bench/at_latency.py                 # 0, 5, 20, 50 ms
-    tools/venv/bin/python bench/at_latency.py --rtt 20 --reps 50
+    python3 bench/at_latency.py         # 0, 5, 20, 50 ms (any python3: it needs only python/kvtier)
+    python3 bench/at_latency.py --rtt 20 --reps 50
+    bench/run.py at-latency             # the published run
 
 s3s-fs (tools/bin, from scripts/install-tools.sh) behind the project's shaping proxy (the
 `shaper` example, bench/shaper.rs): every exchange waits a round trip, a new connection's
@@ -25,69 +26,32 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-os.environ.setdefault("KVTIER_LIBRARY", os.path.join(ROOT, "target", "release", "libkvtier.so"))
+import common
 
+common.use_package()
 import kvtier  # noqa: E402
 
-ACCESS_KEY, SECRET_KEY, BUCKET = "kvtier-bench", "kvtier-bench-secret", "lookups"
+NAMESPACE = "bench_lookups_r0"
 BATCH = 256
 BLOCK = 4096
 
-
-def log(msg):
-    print(f"[lookups] {msg}", file=sys.stderr, flush=True)
+log = common.logger("at-latency")
 
 
-def start(argv, ready_prefix=None):
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
-    line = proc.stdout.readline() if ready_prefix else ""
-    if ready_prefix and not line.startswith(ready_prefix):
-        proc.kill()
-        raise SystemExit(f"{argv[0]} did not start: {line!r}")
-    return proc, line
-
-
-def start_s3s_fs(data):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([os.path.join(ROOT, "tools", "bin", "s3s-fs"), "--host", "127.0.0.1", "--port", str(port),
-                             "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, data],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit("s3s-fs did not start")
-            time.sleep(0.05)
-
-
-def store_config(port, **extra):
-    store = {"type": "s3", "bucket": BUCKET, "endpoint_override": f"127.0.0.1:{port}", "scheme": "http",
-             "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "region": "us-east-1"}
-    return {"store": store, "prefix": "kv", "namespace": "bench_lookups_r0", **extra}
+def store_config(endpoint, **extra):
+    return {"store": common.s3_store(endpoint), "prefix": "kv", "namespace": NAMESPACE, **extra}
 
 
 def key(i):
     return i.to_bytes(8, "big") * 4 + (0).to_bytes(4, "little")
 
 
-def store_half(port):
+def store_half(endpoint):
     stored = list(range(0, BATCH, 2))
-    with kvtier.Tier(store_config(port)) as tier:
+    with kvtier.Tier(store_config(endpoint)) as tier:
         pool = bytearray(os.urandom(len(stored) * BLOCK))
         tier.register_memory(pool, BLOCK)
         for job, first in enumerate(range(0, len(stored), 16)):
@@ -102,31 +66,22 @@ def store_half(port):
         assert all(o.ok for o in done), [o for o in done if not o.ok]
 
 
-def shaper_stats(shaper):
-    shaper.stdin.write("\n")
-    shaper.stdin.flush()
-    return json.loads(shaper.stdout.readline())
-
-
-def run(port, rtt_ms, inflight, reps):
-    shaper, line = start([os.path.join(ROOT, "target", "release", "examples", "shaper"), "--upstream", str(port),
-                          "--round-trip-ms", str(rtt_ms)], "listening on ")
-    shaped_port = int(line.strip().rsplit(":", 1)[1])
+def run(server, rtt_ms, inflight, reps):
+    shaper, shaped = common.start_shaper(server.port, rtt_ms)
     keys = [key(i) for i in range(BATCH)]
     want = [kvtier.LookupResult.HIT if i % 2 == 0 else kvtier.LookupResult.MISS for i in range(BATCH)]
     times = []
     try:
-        with kvtier.Tier(store_config(shaped_port, max_inflight_lookups=inflight)) as tier:
-            before = shaper_stats(shaper)
+        with kvtier.Tier(store_config(shaped, max_inflight_lookups=inflight)) as tier:
+            before = common.shaper_stats(shaper)
             for _ in range(reps + 1):
                 t0 = time.perf_counter()
                 got = tier.check_now(keys, timeout=60)
                 times.append(time.perf_counter() - t0)
                 assert got == want, "a verdict differs from the store"
-            after = shaper_stats(shaper)
+            after = common.shaper_stats(shaper)
     finally:
-        shaper.stdin.close()
-        shaper.wait()
+        common.stop_shaper(shaper)
     cold, warm = times[0] * 1e3, sorted(t * 1e3 for t in times[1:])
     p = lambda q: warm[min(len(warm) - 1, int(q * len(warm)))]  # noqa: E731
     in_rtt = (lambda ms: f"{ms / rtt_ms:.1f}") if rtt_ms else (lambda ms: "-")
@@ -140,11 +95,6 @@ LARGE = 32 << 20
 LARGE_COUNT = 8
 
 
-def cpu_s():
-    t = os.times()
-    return t.user + t.system
-
-
 def wait_outcomes(tier, n, deadline_s=300):
     done, deadline = [], time.monotonic() + deadline_s
     while len(done) < n:
@@ -154,9 +104,9 @@ def wait_outcomes(tier, n, deadline_s=300):
     return done
 
 
-def store_large(port):
+def store_large(endpoint):
     data = bytearray(os.urandom(LARGE * LARGE_COUNT))
-    with kvtier.Tier(store_config(port)) as tier:
+    with kvtier.Tier(store_config(endpoint)) as tier:
         tier.register_memory(data, LARGE)
         for i in range(LARGE_COUNT):
             tier.submit_store(i, [i], [key(1000 + i)])
@@ -172,14 +122,12 @@ def parts_label(op, part_bytes):
     return f"{part_bytes >> 20} MiB"
 
 
-def run_large(port, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4):
+def run_large(server, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4):
     """LARGE_COUNT stores or loads (`op`) of 32 MiB through the shaper, `in_flight` at once,
     with parts of the default size (`part_bytes` None) or one request per object (0). Stores
     go to fresh keys from `key_base` and are read back straight from the server afterwards."""
-    shaper, line = start([os.path.join(ROOT, "target", "release", "examples", "shaper"), "--upstream", str(port),
-                          "--round-trip-ms", str(rtt_ms), "--connection-mbps", str(mbps)], "listening on ")
-    shaped_port = int(line.strip().rsplit(":", 1)[1])
-    config = store_config(shaped_port)
+    shaper, shaped = common.start_shaper(server.port, rtt_ms, mbps)
+    config = store_config(shaped)
     if part_bytes is not None:
         config["store"][f"{op}_part_bytes"] = part_bytes
     base = 1000 if op == "load" else key_base
@@ -188,7 +136,7 @@ def run_large(port, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4)
             memory = bytearray(LARGE * LARGE_COUNT) if op == "load" else stored
             tier.register_memory(memory, LARGE)
             submit = tier.submit_load if op == "load" else tier.submit_store
-            before, t0, c0 = shaper_stats(shaper), time.perf_counter(), cpu_s()
+            before, t0, c0 = common.shaper_stats(shaper), time.perf_counter(), common.cpu_now()
             submitted = finished = 0
             while finished < LARGE_COUNT:
                 while submitted < LARGE_COUNT and submitted - finished < in_flight:
@@ -197,13 +145,12 @@ def run_large(port, stored, rtt_ms, mbps, part_bytes, op, key_base, in_flight=4)
                 outcomes = wait_outcomes(tier, 1)
                 assert all(o.ok for o in outcomes), outcomes
                 finished += len(outcomes)
-            took, cpu = time.perf_counter() - t0, cpu_s() - c0
-            after = shaper_stats(shaper)
+            took, cpu = time.perf_counter() - t0, common.cpu_now() - c0
+            after = common.shaper_stats(shaper)
     finally:
-        shaper.stdin.close()
-        shaper.wait()
+        common.stop_shaper(shaper)
     if op == "store":
-        with kvtier.Tier(store_config(port)) as tier:
+        with kvtier.Tier(store_config(server.endpoint)) as tier:
             memory = bytearray(LARGE * LARGE_COUNT)
             tier.register_memory(memory, LARGE)
             for i in range(LARGE_COUNT):
@@ -222,31 +169,32 @@ def main():
     ap.add_argument("--rtt", type=int, nargs="*", default=[0, 5, 20, 50], help="round trips, ms")
     ap.add_argument("--reps", type=int, default=20, help="warm batches per setting")
     ap.add_argument("--connection-mbps", type=float, default=100, help="per-connection cap for the loads, MB/s")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "latency.md"))
+    ap.add_argument("--out", default=os.path.join(common.RESULTS, "latency.md"))
+    ap.add_argument("--no-build", action="store_true", help="use the built library and shaper (or KVTIER_LIBRARY, "
+                    "KVTIER_SHAPER) without running cargo")
     args = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "-q", "--lib", "--example", "shaper"], cwd=ROOT, check=True)
+    common.build("lib", "shaper", skip=args.no_build)
     with tempfile.TemporaryDirectory() as data:
-        os.makedirs(os.path.join(data, BUCKET))
-        server, port = start_s3s_fs(data)
+        server = common.Server("s3sfs", log_dir=data, root=os.path.join(data, "s3s-fs"))
         try:
-            store_half(port)
+            store_half(server.endpoint)
             rows = []
             for rtt in args.rtt:
                 for inflight in (256, 64):
-                    row = run(port, rtt, inflight, args.reps)
+                    row = run(server, rtt, inflight, args.reps)
                     log(json.dumps(row))
                     rows.append(row)
-            stored = store_large(port)
+            stored = store_large(server.endpoint)
             large = []
             for op in ("store", "load"):
                 for rtt in args.rtt:
                     for part_bytes in ((None, 8 << 20, 0) if op == "store" else (None, 0)):
-                        row = run_large(port, stored, rtt, args.connection_mbps, part_bytes, op,
+                        row = run_large(server, stored, rtt, args.connection_mbps, part_bytes, op,
                                         key_base=2000 + 100 * len(large))
                         log(json.dumps(row))
                         large.append(row)
         finally:
-            server.kill()
+            server.stop()
     head = ("| round trip | max_inflight_lookups | cold batch ms (round trips) | warm p50 ms (round trips) | "
             "warm p99 ms | connections open at most | shaper CPU s |\n|---|---|---|---|---|---|---|\n")
     body = "".join(
@@ -260,10 +208,7 @@ def main():
              "|---|---|---|---|---|---|---|\n")
     text += "".join(f"| {r['op']} | {r['rtt_ms']} ms | {r['parts']} | {r['mib_s']:.0f} | {r['per_op_s']:.2f} | "
                     f"{r['connections']} | {r['cpu_s_per_gib']:.2f} |\n" for r in large)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    common.publish(text, args.out)
 
 
 if __name__ == "__main__":

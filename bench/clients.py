@@ -8,7 +8,7 @@
 Prints one JSON line per op with the same fields as bench/driver_kvtier.c, so bench/compare
 can put every client in one table. Keys, object names and block bytes are computed exactly
 as the C driver computes them (splitmix64's finaliser, see driver_kvtier.c), so every client
-moves the same bytes under the same names:
+moves the same bytes under the same names (the rule is bench/common.py's):
 
     key i  = 4 little-endian words mix((key_seed << 32) ^ (4i + k)) + group 0
     name   = <prefix>/<hex[0:3]>/<hex[3:5]>_g0/<hex>.bin     (kvtier's / vLLM's layout)
@@ -49,50 +49,12 @@ import time
 
 import numpy as np
 
-C1 = np.uint64(0x9E3779B97F4A7C15)
-C2 = np.uint64(0xBF58476D1CE4E5B9)
-C3 = np.uint64(0x94D049BB133111EB)
-
-
-def mix(z):
-    z = z + C1
-    z = (z ^ (z >> np.uint64(30))) * C2
-    z = (z ^ (z >> np.uint64(27))) * C3
-    return z ^ (z >> np.uint64(31))
-
-
-def key_hex(key_seed, index):
-    words = mix((np.uint64(key_seed) << np.uint64(32)) ^ (np.uint64(index * 4) + np.arange(4, dtype=np.uint64)))
-    return words.astype("<u8").tobytes().hex()
-
-
-def object_name(prefix, key_seed, index):
-    h = key_hex(key_seed, index)
-    name = f"{h[0:3]}/{h[3:5]}_g0/{h}.bin"
-    prefix = "/".join(s for s in prefix.split("/") if s)
-    return f"{prefix}/{name}" if prefix else name
-
-
-def block_words(data_seed, block, nwords):
-    base = (np.uint64(data_seed) << np.uint64(56)) | (np.uint64(block) << np.uint64(28))
-    return mix(base | np.arange(nwords, dtype=np.uint64))
+from common import block_words, object_name, proc_cpu
 
 
 def rusage():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime, r.ru_stime
-
-
-def proc_cpu(pid):
-    """CPU seconds (user+sys) process `pid` has used so far; 0 if unknown."""
-    if not pid:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def percentiles(values):

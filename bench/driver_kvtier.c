@@ -41,6 +41,7 @@
  */
 #define _GNU_SOURCE
 #include "kvtier.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -90,28 +91,6 @@ static int check_block(const uint8_t *src, size_t bytes, uint32_t data_seed, uin
         if (w[j] != mix(base | j))
             return 0;
     return 1;
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static double thread_cpu_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void rusage_s(double *user, double *sys)
-{
-    struct rusage r;
-    getrusage(RUSAGE_SELF, &r);
-    *user = r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6;
-    *sys = r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
 }
 
 static long peak_rss_kib(void)
@@ -168,20 +147,6 @@ static double pct(const double *sorted, size_t n, double p)
     double rank = p / 100.0 * (double)(n - 1);
     size_t lo = (size_t)floor(rank), hi = (size_t)ceil(rank);
     return sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - (double)lo);
-}
-
-static size_t parse_size(const char *s)
-{
-    char *end;
-    double v = strtod(s, &end);
-    switch (*end) {
-    case 'k': case 'K': v *= 1024; break;
-    case 'm': case 'M': v *= 1024 * 1024; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
-    case 0: break;
-    default: die("bad size %s", s);
-    }
-    return (size_t)v;
 }
 
 
@@ -305,7 +270,7 @@ int main(int argc, char **argv)
         else if (ARG("--endpoint")) endpoint = v;
         else if (ARG("--bucket")) bucket = v;
         else if (ARG("--prefix")) prefix = v;
-        else if (ARG("--block-size")) block_bytes = parse_size(v);
+        else if (ARG("--block-size")) { if (!(block_bytes = parse_size(v))) die("bad size %s", v); }
         else if (ARG("--blocks")) blocks = strtoull(v, NULL, 10);
         else if (ARG("--concurrency")) conc = strtoull(v, NULL, 10);
         else if (ARG("--repeat")) repeat = strtoull(v, NULL, 10);

@@ -3,52 +3,45 @@
 
     bench/encryption.py                 # 2 MiB blocks, 16 in flight, local + sink
     bench/encryption.py --reps 5 --blocks 512
+    bench/run.py encryption             # the published run (bench/comparisons.py)
 
 For each store (the local store on /dev/shm, so the device does not hide the client's
 cost, and the in-memory S3 sink of bench/sink) runs `kvtier bench` (every byte of every
 round trip verified) with and without an `encryption` keyring, interleaved `--reps`
 times, and prints the medians with the cost of encryption: throughput against off
 (target at least 0.85x) and CPU seconds per GiB added (target at most 0.35); writes
-bench/results/encryption.md. The server, the sink and the build are bench/ranges.py's.
+bench/results/encryption.md. The run and its options are bench/ranges.py's
+(common.store_load_verify, one range per block).
 """
 
-import argparse
 import base64
 import json
 import os
 import shutil
 import statistics
-import sys
-import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ranges  # noqa: E402  (the sink, the build and one `kvtier bench` run)
+import common
+
+log = common.logger("encryption")
+
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--blocks", type=int, default=256)
-    ap.add_argument("--block-size", default="2M")
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=4, help="rounds per run over the same keys (see bench/ranges.py)")
-    ap.add_argument("--stores", default="local,sink")
-    args = ap.parse_args()
-    ranges.build()
+    args = common.run_arguments(__doc__, "encryption.md").parse_args()
     stores = args.stores.split(",")
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    tmp = tempfile.mkdtemp(prefix="kvbench-encryption-", dir=base)
+    common.build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
+    tmp = common.scratch_dir("kvbench-encryption-")
     keyring = os.path.join(tmp, "keyring.json")
     with open(keyring, "w") as f:
         json.dump({"write": "bench", "keys": {"bench": base64.b64encode(os.urandom(32)).decode()}}, f)
     try:
         def run_one(store, variant):
-            with ranges.fresh_store(store, tmp) as store_config:
+            with common.fresh_store(store, tmp) as store_config:
                 config = {"store": store_config, "dedup": "off"}
                 if variant == "on":
                     config["encryption"] = {"keyring_file": keyring}
-                return ranges.run(config, 1, args)
+                return common.store_load_verify(config, args)
 
-        rows = ranges.interleaved(args, stores, ["off", "on"], run_one)
+        rows = common.interleaved(args.reps, stores, ["off", "on"], run_one, log)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -76,7 +69,7 @@ def main():
     lines += ["", f"Machine: {os.cpu_count()} CPUs, shared by `kvtier bench` and the sink: throughput here is "
               "bounded by CPU, so it falls as CPU per GiB rises. `kvtier bench` with checksums on, dedup off, "
               "every byte verified; AES-256-GCM in 64 KiB segments (aws-lc-rs)."]
-    ranges.publish(lines, "encryption.md")
+    common.publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""The fleet soak of python/tests/test_fleet_soak.py, run longer: several engines on one
-namespace (two vLLM 0.33 TieringOffloadingManagers with kvtier as their secondary tier, one
-C engine on the C ABI), a tier with eviction, `kvtier gc --max-bytes` in a loop, one engine
-SIGKILLed and restarted, the S3 server down once; then the final check (every block stored
-after a MISS loadable by a fresh tier). Prints the test's summary line per store and exits 1
-if any check failed.
+"""The fleet soak of python/tests/test_fleet_soak.py (its fleet: python/tests/fleet.py), run
+longer: several engines on one namespace (two vLLM 0.33 TieringOffloadingManagers with
+kvtier as their secondary tier, one C engine on the C ABI), a tier with eviction, `kvtier gc
+--max-bytes` in a loop, one engine SIGKILLed and restarted, the S3 server down once; then
+the final check (every block stored after a MISS loadable by a fresh tier). Prints the
+test's summary line per store and exits 1 if any check failed.
 
     tools/venv/bin/python bench/fleet_soak.py                      # 120 s on each store
     tools/venv/bin/python bench/fleet_soak.py --seconds 600 --stores s3s-fs
+    bench/run.py fleet-soak --seconds 600 --stores s3s-fs
 
 Stores: local (a temporary directory), and s3s-fs and ceph-rgw started as the tests start
 them (python/tests/s3_servers.py: moto and a one-node Ceph cluster start too). Needs what the
-test needs: tools/venv (scripts/install-tools.sh), target/release/libkvtier.so and
-target/release/kvtier (cargo build --release), gcc.
+test needs: tools/venv (scripts/install-tools.sh), target/release/libkvtier.so (or
+KVTIER_LIBRARY) and target/release/kvtier (cargo build --release), gcc. The fleet and the
+servers are the tests' support modules (fleet.py, s3_servers.py, c_programs.py), loaded by
+bench/common.py's ``test_support``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python" / "tests"), str(ROOT / "python")]
+import common
 
-import test_fleet_soak as fleet  # noqa: E402
+common.use_package()
+fleet = common.test_support("c_programs", "s3_servers", "fleet")
 
 
 def stores(names: list[str], tmp: Path) -> list[tuple[str, str, dict]]:
@@ -36,9 +39,7 @@ def stores(names: list[str], tmp: Path) -> list[tuple[str, str, dict]]:
         out.append(("local", "local", {"type": "local", "path": str(tmp / "store")}))
     wanted = [n for n in names if n != "local"]
     if wanted:
-        import s3_servers
-
-        for cfg in s3_servers.start_all():
+        for cfg in common.servers().start_all():
             cfg = dict(cfg)
             name = cfg.pop("_id")
             if name in wanted:

@@ -4,6 +4,7 @@
     python3 bench/latency_matrix.py                     # round trips 0, 5, 20, 50 ms (~15 min)
     python3 bench/latency_matrix.py --rtt 20 50 --reps 3
     python3 bench/latency_matrix.py --report-only       # rewrite the report from the last runs
+    bench/run.py latency-matrix                         # the published run (bench/comparisons.py)
 
 Runs `bench/compare --latency RTT` once per round trip (s3s-fs behind bench/shaper.rs, each
 connection capped at --connection-mbps, 100 MB/s by default; 2 MiB and 32 MiB objects,
@@ -18,25 +19,19 @@ bench/results/latency-matrix-RTT.{md,jsonl}.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(BENCH)
-RESULTS = os.path.join(BENCH, "results")
+import common
+
+RESULTS = common.RESULTS
 CLIENTS = ["kvtier", "nixl", "awscrt"]
 LABELS = {"kvtier": "kvtier", "nixl": "NIXL OBJ", "awscrt": "awscrt"}
-MIB = 1 << 20
+MIB = common.MIB
 
 
 def run_name(rtt):
     return f"latency-matrix-{rtt}"
-
-
-def median(rows, field):
-    values = [r[field] for r in rows if r.get(field) is not None]
-    return statistics.median(values) if values else None
 
 
 def load(rtts):
@@ -54,11 +49,11 @@ def load(rtts):
 
 
 def fmt(v, digits=0):
-    return "-" if v is None else f"{v:,.{digits}f}"
+    return common.fmt(v, digits, "-")
 
 
-def ratio(a, b):
-    return None if a is None or not b else a / b
+median = common.median_of
+ratio = common.ratio
 
 
 def report(args):
@@ -152,13 +147,13 @@ def main():
     args = ap.parse_args()
     if not args.report_only:
         for rtt in args.rtt:
-            subprocess.run([sys.executable, os.path.join(BENCH, "compare"), "--latency", str(rtt),
+            subprocess.run([sys.executable, os.path.join(common.BENCH, "compare"), "--latency", str(rtt),
                             "--connection-mbps", str(args.connection_mbps), "--sizes", "2M,32M",
                             "--concurrency", str(args.concurrency), "--servers", "s3sfs",
                             "--clients", ",".join(CLIENTS), "--reps", str(args.reps), "--name", run_name(rtt)],
                            check=True)
     # The chart needs matplotlib, which the bench venv has (bench/compare made it).
-    venv = os.path.join(ROOT, "tools", "bench-venv")
+    venv = common.BENCH_VENV
     venv_python = os.path.join(venv, "bin", "python")
     if os.path.realpath(sys.prefix) != os.path.realpath(venv) and os.path.exists(venv_python):
         rerun = [a for a in sys.argv[1:] if a != "--report-only"] + ["--report-only"]

@@ -4,6 +4,7 @@ Python loop, on the same disk, with the same keys and the same bytes.
 
     tools/venv/bin/python bench/local_compare.py            # 256K,2M x 256 MiB x 5 reps, ~2-4 min on 2 cores
     tools/venv/bin/python bench/local_compare.py --sizes 256K,2M,16M --reps 3
+    bench/run.py local                                      # the published run (bench/comparisons.py)
 
 Columns (each stores N = mib/size chunks, looks up the N stored keys and N absent ones, loads
 the N stored chunks back and compares every byte):
@@ -62,18 +63,19 @@ import json
 import mmap
 import os
 import platform
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import common
+from common import cpu_now, fmt, fs_type, loadavg, median, parse_size, ratio, size_label
+
+REPO = Path(common.ROOT)
 DEFAULT_ROOT = REPO / "target" / "bench-local"
-RESULTS = REPO / "bench" / "results"
+RESULTS = Path(common.RESULTS)
 # The last two are diagnostics: kvtier with its CRC32C checksums off (vLLM's fs tier has none),
 # to show what the checksums cost.
 ALL_COLUMNS = ("fs-buf", "fs-direct", "kvtier-buf", "kvtier-direct", "naive", "kvtier-cli", "kvtier-buf-nocrc", "kvtier-direct-nocrc")
@@ -91,40 +93,6 @@ DEADLINE_S = 120.0
 
 # ---------------------------------------------------------------------------------------------
 # Small helpers
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMG")) * mult)
-
-
-def size_label(nbytes: int) -> str:
-    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= mult and nbytes % mult == 0:
-            return f"{nbytes // mult} {unit}"
-    return f"{nbytes} B"
-
-
-def cpu_now() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def fs_type(path: Path) -> str:
-    try:
-        return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def fresh_dir(root: Path, label: str) -> Path:
@@ -251,99 +219,48 @@ def all_files(root: Path, suffix: str = ".bin") -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# vLLM's offloading side, built by vLLM's own code (as python/tests/vllm_engine.py does)
+# vLLM's offloading side, built by vLLM's own code: python/tests/vllm_engine.py's Engine,
+# at the benchmark's chunk size, stepping as a scheduler does
 
 
-def offloading_config(secondary_tiers: list[dict], chunk_bytes: int, num_chunks: int):
-    """vLLM's OffloadingConfig for one single-GPU engine with a TieringOffloadingSpec whose
-    chunk is one GPU block of ``chunk_bytes`` (blocks_per_chunk = 1)."""
-    from vllm.v1.kv_offload.config import (
-        OffloadingCacheConfig,
-        OffloadingConfig,
-        OffloadingGroupConfig,
-        OffloadingModelConfig,
-        OffloadingParallelConfig,
-    )
+def Engine(tier_entry: dict, chunk_bytes: int, num_chunks: int):
+    """vLLM's TieringOffloadingManager of one engine (CPU primary tier + the secondary tier of
+    ``tier_entry``), built through ``TieringOffloadingSpec.get_manager()`` and vLLM's
+    SecondaryTierFactory, one GPU block of ``chunk_bytes`` a chunk (vllm_engine.Engine, loaded
+    once vLLM and the kvtier snapshot are set up)."""
+    vllm_engine = common.test_support("vllm_engine")
 
-    extra_config = {
-        "spec_name": "TieringOffloadingSpec",
-        "cpu_bytes_to_use": chunk_bytes * num_chunks,
-        "secondary_tiers": secondary_tiers,
-    }
-    return OffloadingConfig(
-        groups=(OffloadingGroupConfig(16, ("model.layers.0.attn",), 0),),
-        worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
-        extra_config=extra_config,
-        engine_id=f"kvtier-bench-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name="org/bench-model", dtype="bfloat16", max_model_len=1 << 20),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0,
-            world_size=1,
-            tp_size=1,
-            pp_size=1,
-            pcp_size=1,
-            dcp_size=1,
-            data_parallel_index=0,
-            data_parallel_size=1,
-            data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),
-        replicated_layout=False,
-    )
+    class BenchEngine(vllm_engine.Engine):
+        def __init__(self) -> None:
+            super().__init__([tier_entry], block_bytes=chunk_bytes, num_chunks=num_chunks, events=False,
+                             model="org/bench-model", max_model_len=1 << 20,
+                             engine_id=f"kvtier-bench-{uuid.uuid4().hex[:12]}")
+            (self.tier,) = self.tiers
 
+        def step(self) -> None:
+            """The end of one scheduler step; events are dropped, not kept."""
+            from vllm.v1.kv_offload.base import ScheduleEndContext
 
-class Engine:
-    """vLLM's TieringOffloadingManager of one engine (CPU primary tier + one secondary tier),
-    built through ``TieringOffloadingSpec.get_manager()`` and vLLM's SecondaryTierFactory."""
+            self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=[], preempted_req_ids=()))
+            for _ in self.manager.take_events():
+                pass
 
-    def __init__(self, tier_entry: dict, chunk_bytes: int, num_chunks: int) -> None:
-        import numpy as np
-        from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+        def finish(self, req_id: str) -> None:
+            if req_id in self._known_requests:
+                super().finish(req_id)
 
-        self.spec = TieringOffloadingSpec(offloading_config([tier_entry], chunk_bytes, num_chunks))
-        self.manager = self.spec.get_manager()
-        self.view = self.manager.primary_tier.get_kv_memoryview()
-        self.pool = np.asarray(self.view).view(np.uint8)
-        (self.tier,) = self.manager.secondary_tiers
-        self._known: set[str] = set()
-        self._closed = False
-
-    def ctx(self, req_id: str):
-        from vllm.v1.kv_offload.base import ReqContext
-
-        context = ReqContext(req_id=req_id)
-        if req_id not in self._known:
-            self._known.add(req_id)
-            self.manager.on_new_request(context)
-        return context
-
-    def step(self) -> None:
-        from vllm.v1.kv_offload.base import ScheduleEndContext
-
-        self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=[], preempted_req_ids=()))
-        for _ in self.manager.take_events():
-            pass
-
-    def finish(self, req_id: str) -> None:
-        if req_id in self._known:
-            self.manager.on_request_finished(self.ctx(req_id))
-            self._known.discard(req_id)
-
-    def settle(self) -> None:
-        deadline = time.monotonic() + DEADLINE_S
-        while self.tier.has_pending_work() or self.manager._transfer_jobs:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the tier never settled")
+        def settle(self) -> None:
+            """Steps, 1 ms apart, until the tier has no work in flight and the manager tracks
+            no transfer."""
+            deadline = time.monotonic() + DEADLINE_S
+            while self.tier.has_pending_work() or self.manager._transfer_jobs:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the tier never settled")
+                self.step()
+                time.sleep(0.001)
             self.step()
-            time.sleep(0.001)
-        self.step()
 
-    def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.manager.shutdown()
+    return BenchEngine()
 
 
 def chunk_keys(tag: str, count: int) -> list[bytes]:
@@ -364,7 +281,7 @@ def groups_of(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def scheduler_passes(engine: Engine, asked: list, step_s: float) -> dict:
+def scheduler_passes(engine, asked: list, step_s: float) -> dict:
     """Scheduler passes over ``asked`` ((key, req_id, present) triples) until every key has an
     answer that is not RETRY: each pass looks up every unanswered key through the manager,
     then ends the step (``on_schedule_end`` flushes lookups and promotions to the tier), then
@@ -406,7 +323,7 @@ def scheduler_passes(engine: Engine, asked: list, step_s: float) -> dict:
     return out
 
 
-def verify_promoted(engine: Engine, load_groups: list, src, index: dict) -> int:
+def verify_promoted(engine, load_groups: list, src, index: dict) -> int:
     """Steps until every promoted chunk is a primary HIT, then reads each back as the GPU
     worker would (prepare_load / complete_load) and compares every byte. Returns mismatches."""
     import numpy as np
@@ -667,13 +584,12 @@ def run_naive(args, point: dict, src, keys: list[bytes], absent: list[bytes], wo
 
 def run_cli(args, point: dict, workdir: Path, cli: Path) -> dict:
     size, count = point["size"], point["count"]
-    config = json.dumps({"store": {"type": "local", "path": str(workdir / "main")}})
-    cmd = [str(cli), "bench", "--block-size", str(size), "--blocks", str(count), "--json", "--config", config]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        return {"ok": False, "errors": [f"kvtier bench exited {out.returncode}: {out.stderr.strip()[-300:]}"]}
-    report = json.loads(out.stdout)
-    phases = {p["phase"]: p for p in report["phases"]}
+    try:
+        report = common.kvtier_bench({"store": {"type": "local", "path": str(workdir / "main")}},
+                                     "--block-size", str(size), "--blocks", str(count), cli=str(cli), timeout=600)
+    except RuntimeError as exc:
+        return {"ok": False, "errors": [str(exc)[-300:]]}
+    phases = common.phases(report)
     result: dict = {"ok": report.get("verified_blocks") == count and report.get("corrupt_blocks", 0) == 0, "errors": []}
     if not result["ok"]:
         result["errors"].append(f"verified {report.get('verified_blocks')} of {count} blocks")
@@ -688,12 +604,11 @@ def run_cli(args, point: dict, workdir: Path, cli: Path) -> dict:
     # A 256-key existence batch as the CLI asks it: 128 stored 4 KiB blocks + 128 absent keys.
     latencies = []
     for r in range(args.exist_reps):
-        config = json.dumps({"store": {"type": "local", "path": str(workdir / f"exists-{r}")}})
-        cmd = [str(cli), "bench", "--block-size", "4K", "--blocks", str(EXIST_BATCH // 2), "--workload", "store,exists", "--json", "--config", config]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if out.returncode == 0:
-            ex = {p["phase"]: p for p in json.loads(out.stdout)["phases"]}["exists"]
-            latencies.append(ex["seconds"])
+        with contextlib.suppress(RuntimeError):
+            ex = common.kvtier_bench({"store": {"type": "local", "path": str(workdir / f"exists-{r}")}},
+                                     "--block-size", "4K", "--blocks", str(EXIST_BATCH // 2), "--workload", "store,exists",
+                                     cli=str(cli), timeout=600)
+            latencies.append(common.phases(ex)["exists"]["seconds"])
     result["exists_s"] = median(latencies)
     result["exists_present"] = EXIST_BATCH // 2
     return result
@@ -756,10 +671,6 @@ COLUMN_TITLES = {
 }
 
 
-def fmt(value, spec="{:,.0f}", none="–"):
-    return none if value is None else spec.format(value)
-
-
 def table(records, sizes, columns) -> list[str]:
     lines = [
         "| size | column | store MiB/s (min–max) | load MiB/s (min–max) | store CPU-s/GiB | load CPU-s/GiB | 256-key exists ms | lookup passes | all-keys lookup ms | cached after store | verified |",
@@ -812,10 +723,6 @@ def thread_table(records, sizes, columns, mib: int) -> list[str]:
 GROUPS = ("main (scheduler)", "vLLM fs I/O threads", "vLLM lookup thread", "kvtier I/O runtime", "kvtier lookup lane", "other threads")
 
 
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
-
-
 def verdict(ok: bool | None) -> str:
     return "–" if ok is None else ("**met**" if ok else "**missed**")
 
@@ -825,23 +732,20 @@ def targets(records, sizes) -> list[str]:
     for size in sizes:
         label = size_label(size)
         get = lambda c: summarize(records, c, size)  # noqa: E731
-        kb, fb, kd, fd, cli, nv = (get(c) for c in ("kvtier-buf", "fs-buf", "kvtier-direct", "fs-direct", "kvtier-cli", "naive"))
-        if kb and fb:
+        cli, nv = get("kvtier-cli"), get("naive")
+        # kvtier's column against vLLM fs's: throughput at least tp x, CPU per GiB at most cpu x.
+        pairs = (("kvtier-buf", "fs-buf", "kvtier buffered vs vLLM fs buffered", 1.0, 0.8),
+                 ("kvtier-direct", "fs-direct", "kvtier O_DIRECT vs vLLM fs default", 1.5, 1.0))
+        for mine, theirs, what, tp, cpu in pairs:
+            k, f = get(mine), get(theirs)
+            if not (k and f):
+                continue
             for op in ("store", "load"):
-                t = ratio(kb[f"{op}_mib_s"][0], fb[f"{op}_mib_s"][0])
-                c = ratio(kb[f"{op}_cpu"], fb[f"{op}_cpu"])
-                ok = None if t is None or c is None else (t >= 1.0 and c <= 0.8)
+                t = ratio(k[f"{op}_mib_s"][0], f[f"{op}_mib_s"][0])
+                c = ratio(k[f"{op}_cpu"], f[f"{op}_cpu"])
+                ok = None if t is None or c is None else (t >= tp and c <= cpu)
                 lines.append(
-                    f"- {label}, {op}: kvtier buffered vs vLLM fs buffered (throughput ≥1×, CPU ≤0.8×): "
-                    f"{fmt(t, '{:.2f}')}× throughput, {fmt(c, '{:.2f}')}× CPU/GiB — {verdict(ok)}"
-                )
-        if kd and fd:
-            for op in ("store", "load"):
-                t = ratio(kd[f"{op}_mib_s"][0], fd[f"{op}_mib_s"][0])
-                c = ratio(kd[f"{op}_cpu"], fd[f"{op}_cpu"])
-                ok = None if t is None or c is None else (t >= 1.5 and c <= 1.0)
-                lines.append(
-                    f"- {label}, {op}: kvtier O_DIRECT vs vLLM fs default (throughput ≥1.5×, CPU ≤1×): "
+                    f"- {label}, {op}: {what} (throughput ≥{tp:g}×, CPU ≤{cpu:g}×): "
                     f"{fmt(t, '{:.2f}')}× throughput, {fmt(c, '{:.2f}')}× CPU/GiB — {verdict(ok)}"
                 )
         adj = get("kvtier-cli-adj")
@@ -903,7 +807,7 @@ def machine_facts(root: Path, lib: Path | None, cli: Path | None) -> dict:
         dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src", "Cargo.toml", "build.rs"], capture_output=True, text=True).stdout.split("\n")
         facts["src_uncommitted"] = [line[3:] for line in dirty if line.strip()]
     with contextlib.suppress(OSError):
-        built = (REPO / "target" / "release" / "libkvtier.so").stat().st_mtime if lib is None else lib.stat().st_mtime
+        built = Path(common.program("lib", required=False) if lib is None else lib).stat().st_mtime
         facts["libkvtier_built"] = _dt.datetime.fromtimestamp(built).strftime("%Y-%m-%d %H:%M:%S")
     for name, path in (("libkvtier", lib), ("kvtier_cli", cli)):
         if path is not None:
@@ -917,11 +821,10 @@ def snapshot_kvtier(root: Path) -> tuple[Path, Path, Path, str]:
     table. The package is the checkout's (python/kvtier); if that copy cannot drive this
     library (say its binding already declares functions the build lacks), the package as of
     git HEAD is tried. Returns (library, CLI, directory to put on sys.path, which package)."""
-    lib = REPO / "target" / "release" / "libkvtier.so"
-    cli = REPO / "target" / "release" / "kvtier"
-    if not lib.exists() or not cli.exists():
+    if not all(os.path.isfile(common.program(p, required=False)) for p in ("lib", "cli")):
         print("building libkvtier.so and the kvtier CLI (cargo build --release --lib --bin kvtier)...", flush=True)
-        subprocess.run(["cargo", "build", "--release", "--lib", "--bin", "kvtier"], cwd=REPO, check=True)
+        common.build("lib", "cli")
+    lib, cli = Path(common.program("lib")), Path(common.program("cli"))
     snap = root / f"bin-{os.getpid()}"
     shutil.rmtree(snap, ignore_errors=True)
     snap.mkdir(parents=True)

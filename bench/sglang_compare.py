@@ -4,6 +4,7 @@ own storage backends, in one run, through the same backend calls on the same pag
 
     tools/venv/bin/python bench/sglang_compare.py                      # defaults, ~5-10 min on 2 cores
     tools/venv/bin/python bench/sglang_compare.py --pages 4 --batch 2 --passes 1 --layouts page_first
+    bench/run.py sglang                                                # the published run
 
 Backends (each run on a store of its own: a fresh directory, or the store's server with the
 previous run's objects deleted):
@@ -63,12 +64,9 @@ import json
 import logging
 import os
 import platform
-import resource
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -76,152 +74,52 @@ import time
 import traceback
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ACCESS_KEY, SECRET_KEY, BUCKET = "kvtier", "kvtier-secret", "kvbench"
+import common
+from common import ACCESS_KEY, BUCKET, SECRET_KEY, cpu_now, fs_type
+
+ROOT = common.ROOT
 MODEL = "bench-org/bench-model"
 STORES = ("local", "s3s-fs", "sink")
 LAYOUTS = ("page_first", "layer_first")
 SGLANG_NAME = {"local": "HiCacheFile", "s3s-fs": "SeaweedFSStore", "sink": "SeaweedFSStore"}
+SERVER_KIND = {"s3s-fs": "s3sfs", "sink": "sink"}  # common.Server's names
 
-
-def log(msg):
-    print(f"[sglang-bench] {msg}", file=sys.stderr, flush=True)
+log = common.logger("sglang-bench")
 
 
 # ---------------------------------------------------------------------------------------------
 # Environment: kvtier's library and package, SGLang's offline setup, the servers' binaries
 
 
-def first_file(*paths):
-    for p in paths:
-        if p and os.path.isfile(p):
-            return p
-    return None
-
-
-def find_library(explicit):
-    target = os.environ.get("CARGO_TARGET_DIR")
-    lib = first_file(explicit, os.environ.get("KVTIER_LIBRARY"),
-                     os.path.join(ROOT, "target", "release", "libkvtier.so"),
-                     target and os.path.join(target, "release", "libkvtier.so"))
-    if lib is None:
-        sys.exit("libkvtier.so not found: run `cargo build --release --lib`, or set KVTIER_LIBRARY / --library")
-    return os.path.abspath(lib)
-
-
-def find_sink(explicit, library, build):
-    target = os.environ.get("CARGO_TARGET_DIR")
-    name = os.path.join("bench", "release", "kvtier-bench-sink")
-    candidates = [explicit, os.environ.get("KVTIER_BENCH_SINK"), os.path.join(ROOT, "target", name),
-                  target and os.path.join(target, name),
-                  # next to the library's target directory (CARGO_TARGET_DIR=X builds X/release)
-                  os.path.join(os.path.dirname(os.path.dirname(library)), name)]
-    sink = first_file(*candidates)
-    if sink is None and build:
-        target_dir = os.path.join(target or os.path.join(ROOT, "target"), "bench")
-        log(f"building the sink into {target_dir}")
-        subprocess.run(["cargo", "build", "--release", "-q", "--manifest-path", "bench/sink/Cargo.toml",
-                        "--target-dir", target_dir], cwd=ROOT, check=True)
-        sink = first_file(os.path.join(target_dir, "release", "kvtier-bench-sink"))
-    if sink is None:
-        sys.exit("kvtier-bench-sink not found: build it with `cargo build --release --manifest-path "
-                 "bench/sink/Cargo.toml --target-dir target/bench`, or pass --sink")
-    return sink
-
-
-def find_s3s_fs(explicit):
-    fs = first_file(explicit, os.environ.get("KVTIER_S3S_FS"), os.path.join(ROOT, "tools", "bin", "s3s-fs"))
-    if fs is None:
-        sys.exit("s3s-fs not found: run scripts/install-tools.sh, or pass --s3s-fs")
-    return fs
+def find_sink(explicit, build):
+    """The sink (--sink, KVTIER_BENCH_SINK or the bench target directory), built if missing."""
+    if build and not os.path.isfile(common.program("sink", explicit, required=False)):
+        log("building the sink")
+        common.build("sink")
+    return common.program("sink", explicit)
 
 
 def setup_python(library):
-    os.environ["KVTIER_LIBRARY"] = library
+    common.use_package(library)
     # No model is ever downloaded; SGLang JIT-builds extensions with the venv's ninja.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     # HiCacheFile would take its directory from here instead of extra_config.
     os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
-    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
 # ---------------------------------------------------------------------------------------------
-# Servers (child processes on free ports) and CPU counters
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, kind, cmd, port, logfile):
-        self.kind, self.port, self.logfile = kind, port, logfile
-        self.log = open(logfile, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"{kind} did not start: {self.tail()}")
-                time.sleep(0.05)
-
-    @property
-    def endpoint(self):
-        return f"http://127.0.0.1:{self.port}"
-
-    def cpu(self):
-        """utime + stime of the server process (all its threads), in seconds."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def tail(self, n=400):
-        try:
-            with open(self.logfile, "rb") as f:
-                return f.read()[-n:].decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
-
-    def stop(self):
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+# Servers (child processes on free ports: common.Server) and CPU counters
 
 
 def start_server(kind, args, workdir):
-    port = free_port()
-    logfile = os.path.join(workdir, f"{kind}-{port}.log")
-    if kind == "sink":
-        cmd = [args.sink, "--host", "127.0.0.1", "--port", str(port), "--bucket", BUCKET,
-               "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]
-    else:
-        root = os.path.join(workdir, f"s3s-fs-{port}")
-        os.makedirs(os.path.join(root, BUCKET))
-        cmd = [args.s3s_fs, "--host", "127.0.0.1", "--port", str(port),
-               "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, root]
-    return Server(kind, cmd, port, logfile)
-
-
-def cpu_now():
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+    """The store's server (a sink or s3s-fs on a directory of its own under ``workdir``);
+    ``http_endpoint`` is the URL SGLang's backends and boto3 take."""
+    root = tempfile.mkdtemp(prefix="s3s-fs-", dir=workdir) if kind == "s3s-fs" else None
+    server = common.Server(SERVER_KIND[kind], log_dir=workdir, root=root,
+                           programs={"sink": args.sink, "s3s-fs": args.s3s_fs})
+    server.http_endpoint = f"http://{server.endpoint}"
+    return server
 
 
 def touch_cost():
@@ -238,14 +136,6 @@ def touch_cost():
         out.append((time.perf_counter() - t0) / (size // 4096) * 1e6)
         m.close()
     return statistics.median(out)
-
-
-def fs_type(path):
-    try:
-        return subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +277,7 @@ def make_backend(which, store, layout, pools, server, workdir, args, tag):
         if store == "local":
             kv_store = {"type": "local", "path": os.path.join(workdir, f"kvtier-{tag}")}
         else:
-            kv_store = {"type": "s3", "bucket": BUCKET, "endpoint_override": server.endpoint,
+            kv_store = {"type": "s3", "bucket": BUCKET, "endpoint_override": server.http_endpoint,
                         "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "region": "us-east-1",
                         "allow_http": True}
         extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
@@ -405,7 +295,7 @@ def make_backend(which, store, layout, pools, server, workdir, args, tag):
         return Driven("HiCacheFile", backend, "flat", pools), path
     from sglang.srt.mem_cache.storage.seaweedfs.seaweedfs_store import SeaweedFSStore
 
-    extra = {"endpoint": server.endpoint, "bucket": BUCKET, "region": "us-east-1",
+    extra = {"endpoint": server.http_endpoint, "bucket": BUCKET, "region": "us-east-1",
              "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "max_workers": args.seaweed_workers}
     backend = SeaweedFSStore(storage_config(layout, extra))
     backend.register_mem_pool_host(pools.host)
@@ -462,7 +352,7 @@ def delete_objects(server, names):
     from botocore.config import Config
     from concurrent.futures import ThreadPoolExecutor
 
-    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+    client = boto3.client("s3", endpoint_url=server.http_endpoint, region_name="us-east-1",
                           aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
                           config=Config(s3={"addressing_style": "path"}, max_pool_connections=8))
     with ThreadPoolExecutor(8) as pool:
@@ -793,11 +683,11 @@ def main():
         ap.error("--pages must be a multiple of --batch")
     args.kvtier_extra = json.loads(args.kvtier_config)
 
-    library = find_library(args.library)
+    library = common.program("lib", args.library)
     if "sink" in stores:
-        args.sink = find_sink(args.sink, library, not args.no_build)
+        args.sink = find_sink(args.sink, not args.no_build)
     if "s3s-fs" in stores:
-        args.s3s_fs = find_s3s_fs(args.s3s_fs)
+        args.s3s_fs = common.program("s3s-fs", args.s3s_fs)
     setup_python(library)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="[%(name)s] %(levelname)s %(message)s")
     started = {"load": " ".join(open("/proc/loadavg").read().split()[:3]), "argv": sys.argv,

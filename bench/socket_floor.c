@@ -28,28 +28,13 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "bench.h"
 
 static double cpu_s(void)
 {
-    struct rusage r;
-    getrusage(RUSAGE_SELF, &r);
-    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
-}
-
-static size_t parse_size(const char *s)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (*end == 'k' || *end == 'K') v *= 1024;
-    else if (*end == 'm' || *end == 'M') v *= 1024 * 1024;
-    else if (*end == 'g' || *end == 'G') v *= 1024.0 * 1024 * 1024;
-    return (size_t)v;
+    double user, sys;
+    rusage_s(&user, &sys);
+    return user + sys;
 }
 
 static void fail(const char *what)

@@ -1,4 +1,4 @@
-"""One process of the fleet soak (test_fleet_soak.py, bench/fleet_soak.py).
+"""One process of the fleet soak (fleet.py, driven by test_fleet_soak.py and bench/fleet_soak.py).
 
     python fleet_worker.py engine  SPEC_JSON   an engine: vLLM 0.33's TieringOffloadingManager
                                                (built by vLLM's factory) with kvtier as its

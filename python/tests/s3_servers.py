@@ -6,6 +6,13 @@ loopback ports.
 cluster with radosgw from ``scripts/ceph-rgw.sh run``), creates one bucket on each, and
 returns vLLM ``store_config`` dicts for them. The servers are killed when the Python
 process exits (the Ceph daemons die with their supervising script).
+
+The building blocks are the project's one way to run a loopback server, shared with the
+other suites and the benchmarks (ffi-tests/on_s3_servers.py and tests/interop import this
+file from this directory, bench/common.py loads it by its path): ``free_port``, ``serve`` (start a program on a
+free port and wait until it answers there and holds the listening socket), ``find_program``,
+``s3s_fs_argv``, ``moto_argv`` and ``start_rgw``. It imports nothing outside the standard
+library at import time, and nothing of the tests.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ SECRET_KEY = "kvtier-contract-secret-7Hq2"
 _children: list[subprocess.Popen] = []
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (another process may take it before it is used:
+    ``serve`` checks who listens)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -73,12 +82,19 @@ def owns_listener(pid: int, port: int) -> bool:
     return False
 
 
-def _start(argv_for_port, name: str) -> int:
+def serve(argv_for_port, name: str, log_dir: str | os.PathLike | None = None,
+          **popen) -> tuple[int, subprocess.Popen]:
+    """Starts ``argv_for_port(port)`` on a free loopback port and returns (port, process) once
+    it answers HTTP there and holds the listening socket (a port found free may be taken by
+    another process in between: then a new port, up to five times). Its output goes to
+    ``name-PORT.log`` in ``log_dir`` (the temporary directory by default); ``popen`` goes to
+    ``subprocess.Popen`` (e.g. ``start_new_session``, ``env``). The process is killed when
+    this Python process exits, if it still runs."""
     last = ""
     for _ in range(5):
-        port = _free_port()
-        log = open(Path(tempfile.gettempdir()) / f"kvtier-{name}-{port}.log", "wb")
-        child = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT)
+        port = free_port()
+        log = open(Path(log_dir or tempfile.gettempdir()) / f"kvtier-{name}-{port}.log", "wb")
+        child = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT, **popen)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and child.poll() is None:
             try:
@@ -89,15 +105,26 @@ def _start(argv_for_port, name: str) -> int:
             if not owns_listener(child.pid, port):
                 break  # another process answered on the port: a new port
             _children.append(child)
-            return port
+            return port, child
         child.kill()
         child.wait()
         last = f"{name} did not answer on port {port} (log {log.name})"
     raise RuntimeError(last)
 
 
-def _find(binary: str, *candidates: Path) -> str:
-    for c in candidates:
+def s3s_fs_argv(program: str, port: int, root: str | os.PathLike, access_key: str, secret_key: str) -> list[str]:
+    """s3s-fs serving the directory ``root`` (a bucket is a directory in it) on ``port``."""
+    return [program, "--host", "127.0.0.1", "--port", str(port), "--access-key", access_key,
+            "--secret-key", secret_key, str(root)]
+
+
+def moto_argv(program: str, port: int) -> list[str]:
+    return [program, "-H", "127.0.0.1", "-p", str(port)]
+
+
+def find_program(binary: str, *candidates: str | os.PathLike) -> str:
+    """The first of ``candidates`` that is an executable file, else ``binary`` on the PATH."""
+    for c in map(Path, candidates):
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
     found = shutil.which(binary)
@@ -154,30 +181,39 @@ def _stop_all() -> None:
         child.wait()
 
 
-def _start_rgw() -> dict:
-    """A one-node Ceph cluster with radosgw; returns its endpoint and the S3 user's keys.
+def start_rgw(access_key: str | None = None, secret_key: str | None = None, ready_s: float = 240.0,
+              **popen) -> dict:
+    """A one-node Ceph cluster with radosgw (``scripts/ceph-rgw.sh run``); returns its
+    ``endpoint``, the S3 user's ``access_key`` and ``secret_key`` (the given ones, else the
+    script's), the supervising ``process`` (the daemons die with it) and the cluster's
+    ``directory``. ``popen`` goes to ``subprocess.Popen``.
 
-    A cluster that fails to come up (a busy machine can make its start-up miss a deadline)
-    is stopped and started afresh, up to three times."""
+    A cluster that fails to come up within ``ready_s`` (a busy machine can make its start-up
+    miss a deadline; a fresh cluster now and then loses its OSD at start) is stopped and
+    started afresh, up to three times."""
     errors = []
     for _ in range(3):
         try:
-            return _start_rgw_once()
+            return _start_rgw_once(access_key, secret_key, ready_s, popen)
         except RuntimeError as exc:
             errors.append(str(exc))
     raise RuntimeError("Ceph RGW did not start in three attempts; the last:\n" + errors[-1])
 
 
-def _start_rgw_once() -> dict:
+def _start_rgw_once(access_key: str | None, secret_key: str | None, ready_s: float, popen: dict) -> dict:
     script = ROOT / "scripts" / "ceph-rgw.sh"
     cluster = Path(tempfile.mkdtemp(prefix="kvtier-ceph-rgw-"))
     atexit.register(shutil.rmtree, cluster, True)
-    port = _free_port()
+    port = free_port()
     log = open(cluster / "supervisor.out", "wb")
+    popen = dict(popen)
+    env = dict(popen.pop("env", None) or os.environ)
+    if access_key:
+        env.update(RGW_ACCESS_KEY=access_key, RGW_SECRET_KEY=secret_key or "")
     child = subprocess.Popen(["bash", str(script), "run", str(cluster), str(port)], stdout=log,
-                             stderr=subprocess.STDOUT)
+                             stderr=subprocess.STDOUT, env=env, **popen)
     env_file = cluster / "env"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + ready_s
     while not env_file.exists():  # written once the cluster serves S3 and has its users
         if child.poll() is not None or time.monotonic() > deadline:
             child.kill()  # its daemons die with it
@@ -190,7 +226,7 @@ def _start_rgw_once() -> dict:
     _children.append(child)
     values = dict(line.split("=", 1) for line in env_file.read_text().split() if "=" in line)
     return {"endpoint": values["RGW_ENDPOINT"], "access_key": values["RGW_ACCESS_KEY"],
-            "secret_key": values["RGW_SECRET_KEY"]}
+            "secret_key": values["RGW_SECRET_KEY"], "process": child, "directory": cluster}
 
 
 def _create_bucket_signed(endpoint: str, access_key: str, secret_key: str) -> None:
@@ -215,23 +251,19 @@ def start_all() -> list[dict]:
 
 
 def _start_all() -> list[dict]:
-    s3s_fs = _find("s3s-fs", ROOT / "tools" / "bin" / "s3s-fs")
-    moto = _find("moto_server", ROOT / "tools" / "venv" / "bin" / "moto_server")
+    s3s_fs = find_program("s3s-fs", ROOT / "tools" / "bin" / "s3s-fs")
+    moto = find_program("moto_server", ROOT / "tools" / "venv" / "bin" / "moto_server")
     root = Path(tempfile.mkdtemp(prefix="kvtier-s3s-fs-"))
     atexit.register(shutil.rmtree, root, True)
     (root / BUCKET).mkdir()
-    s3s_port = _start(
-        lambda p: [s3s_fs, "--host", "127.0.0.1", "--port", str(p), "--access-key", ACCESS_KEY,
-                   "--secret-key", SECRET_KEY, str(root)],
-        "s3s-fs",
-    )
-    moto_port = _start(lambda p: [moto, "-H", "127.0.0.1", "-p", str(p)], "moto")
+    s3s_port, _ = serve(lambda p: s3s_fs_argv(s3s_fs, p, root, ACCESS_KEY, SECRET_KEY), "s3s-fs")
+    moto_port, _ = serve(lambda p: moto_argv(moto, p), "moto")
     status = _request(moto_port, "PUT", f"/{BUCKET}")
     if status != 200:
         raise RuntimeError(f"moto: creating bucket {BUCKET} answered {status}")
     common = {"bucket": BUCKET, "scheme": "http", "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
               "region": "us-east-1"}
-    rgw = _start_rgw()
+    rgw = start_rgw()
     _create_bucket_signed(rgw["endpoint"], rgw["access_key"], rgw["secret_key"])
     return [
         dict(common, endpoint_override=f"127.0.0.1:{s3s_port}", _id="s3s-fs"),

@@ -43,9 +43,12 @@ def offloading_config(
     events: bool = True,
     engine_id: str | None = None,
     extra: dict | None = None,
+    block_bytes: int = BLOCK_BYTES,
+    max_model_len: int = 4096,
 ) -> OffloadingConfig:
-    """vLLM's OffloadingConfig for one single-GPU engine with a TieringOffloadingSpec."""
-    chunk_bytes = BLOCK_BYTES * blocks_per_chunk
+    """vLLM's OffloadingConfig for one single-GPU engine with a TieringOffloadingSpec (also
+    bench/local_compare.py's engines, with blocks of the benchmark's chunk size)."""
+    chunk_bytes = block_bytes * blocks_per_chunk
     extra_config = {
         "spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": chunk_bytes * num_chunks,
@@ -54,11 +57,11 @@ def offloading_config(
     }
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(16, ("model.layers.0.attn",), 0),),
-        worker_kv_bytes_per_block=BLOCK_BYTES,
+        worker_kv_bytes_per_block=block_bytes,
         enable_kv_cache_events=events,
         extra_config=extra_config,
         engine_id=engine_id or f"kvtier-test-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name=model, dtype="bfloat16", max_model_len=4096),
+        model=OffloadingModelConfig(name=model, dtype="bfloat16", max_model_len=max_model_len),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
         parallel=OffloadingParallelConfig(
             rank=0,

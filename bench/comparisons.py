@@ -1,0 +1,283 @@
+"""bench/comparisons.py: every comparison of bench/, in one place.
+
+Read by bench/run.py (which driver a name starts, with which options), and by
+bench/report.py, which writes from it bench/README.md's table of comparisons,
+bench/results/INDEX.md (the current result file of each) and docs/benchmarks.md (one section
+per heading, with the tables of the current result files). Only the standard library.
+
+A comparison:
+  name       what `bench/run.py NAME` takes
+  question   what it answers (bench/README.md's table)
+  heading    its section of docs/benchmarks.md (stable: the project's README links to them);
+             comparisons sharing a heading share the section, in this order
+  title      its subsection there, when it shares one
+  measures   what it measures, in words (no measured number is ever typed here or in the
+             docs: they come from the result files)
+  driver     the program, relative to the checkout, and the interpreter it needs:
+             "python3" (any), "tools/venv" (the test tools' venv: vLLM, SGLang, pytest)
+  preset     the options that reproduce the published run (options given to run.py come
+             after them, so they win)
+  minutes    how long the published run takes on a 2-core machine, after the builds
+  results    the current result files under bench/results, the report first
+  render     how bench/report.py shows the report: "compare" (bench/compare's report:
+             client pivot tables, targets, existence; ``sections`` picks some, ``headline``
+             the block size and concurrency shown first), "markdown" (the file as it is),
+             "soak" (its summary, without the samples)
+  chart      a chart under bench/results shown below the tables
+  note       what the command needs besides the preset
+
+To publish a new run: run it (it rewrites its current files), run `python3 bench/report.py`,
+commit both. To keep a superseded run, `git mv` it to bench/results/archive/ and say why in
+ARCHIVED.
+"""
+
+COMPARISONS = [
+    {
+        "name": "side-by-side",
+        "question": "How do kvtier, NIXL OBJ, awscrt and boto3 compare on the same S3 server, "
+                    "same keys and same bytes?",
+        "heading": "Side by side",
+        "measures": "The same workload (same keys, same bytes, every loaded byte verified) through kvtier's C "
+                    "ABI, NIXL OBJ (the engine under vLLM's obj tier), awscrt's S3Client and boto3, against an "
+                    "in-memory S3 sink (a client's ceiling), s3s-fs and moto on loopback: throughput, client "
+                    "and server CPU per GiB, latency, existence batches, and the issue's targets checked one "
+                    "by one. Clients and servers share the machine's cores.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--name", "full"],
+        "minutes": "25-40",
+        "results": ["full.md", "full.jsonl", "full.png"],
+        "render": "compare",
+        "headline": {"block": "2 MiB", "c": "16"},
+        "chart": "full.png",
+    },
+    {
+        "name": "rcvlowat",
+        "question": "What does waking a load once 256 KiB are buffered (SO_RCVLOWAT) save?",
+        "heading": "Side by side",
+        "title": "SO_RCVLOWAT on and off",
+        "measures": "kvtier's loads on the direct path with SO_RCVLOWAT (kvtier) and a build without it "
+                    "(kvtier-base, through `--kvtier-lib base=DIR`), beside NIXL OBJ, in one run.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--servers", "sink,s3sfs", "--sizes", "2M", "--concurrency", "16,64", "--clients", "kvtier,nixl",
+                   "--reps", "3", "--name", "lowat"],
+        "note": "Add `--kvtier-lib base=DIR`, DIR holding a libkvtier.so.0 built without SO_RCVLOWAT.",
+        "minutes": "3",
+        "results": ["lowat.md", "lowat.jsonl", "lowat.png"],
+        "render": "compare",
+        "sections": ["pivot"],
+    },
+    {
+        "name": "soak",
+        "question": "Does kvtier's resident memory stay flat over a long run?",
+        "heading": "Soak",
+        "measures": "`kvtier bench` against s3s-fs round after round, every loaded byte verified, the "
+                    "process's resident memory sampled all along.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--soak", "600"],
+        "minutes": "11",
+        "results": ["soak.md"],
+        "render": "soak",
+    },
+    {
+        "name": "ranges",
+        "question": "What do blocks moved as many ranges (a layer-first pool) cost against contiguous blocks?",
+        "heading": "Ranges",
+        "measures": "`kvtier bench --ranges-per-block N`: every block moved as N ranges in N regions (a "
+                    "layer-first pool) through the range calls, against the contiguous pool calls (N = 1), and "
+                    "the same ranges laid side by side in one region (adjacent: what the ranges cost without "
+                    "the scattered memory), on the local store in memory and the in-memory S3 sink, each run "
+                    "on an empty store, interleaved, every byte verified.",
+        "driver": ["bench/ranges.py"],
+        "interpreter": "python3",
+        "preset": ["--reps", "7"],
+        "minutes": "4",
+        "results": ["ranges.md"],
+        "render": "markdown",
+    },
+    {
+        "name": "encryption",
+        "question": "What does encryption at rest cost in throughput and CPU?",
+        "heading": "Encryption at rest",
+        "measures": "`kvtier bench` with and without an `encryption` keyring (AES-256-GCM), on the local store "
+                    "in memory and the in-memory S3 sink, interleaved, every byte verified.",
+        "driver": ["bench/encryption.py"],
+        "interpreter": "python3",
+        "preset": ["--reps", "5"],
+        "minutes": "2",
+        "results": ["encryption.md"],
+        "render": "markdown",
+    },
+    {
+        "name": "at-latency",
+        "question": "How do existence batches and large stores and loads behave at a remote store's round "
+                    "trip?",
+        "heading": "At a remote store's latency",
+        "title": "kvtier alone",
+        "measures": "kvtier through the shaper (bench/shaper.rs: a round trip on every exchange, one more on a "
+                    "new connection, each connection's bandwidth capped) in front of s3s-fs: `check_now` "
+                    "batches on new and on pooled connections with two `max_inflight_lookups`, and large "
+                    "stores and loads with and without parts, every byte compared.",
+        "driver": ["bench/at_latency.py"],
+        "interpreter": "python3",
+        "preset": ["--reps", "10", "--connection-mbps", "25"],
+        "minutes": "5",
+        "results": ["latency.md"],
+        "render": "markdown",
+    },
+    {
+        "name": "latency-matrix",
+        "question": "How do kvtier, NIXL OBJ and awscrt compare at a remote store's round trip?",
+        "heading": "At a remote store's latency",
+        "title": "Side by side with the peers",
+        "measures": "`bench/compare --latency RTT` at several round trips: s3s-fs behind the shaper, small and "
+                    "large objects, stores, loads and an existence batch, every byte verified; awscrt with its "
+                    "default parts, kvtier with its defaults.",
+        "driver": ["bench/latency_matrix.py"],
+        "interpreter": "python3",
+        "preset": [],
+        "minutes": "15",
+        "results": ["latency-matrix.md", "latency-matrix.png"]
+                   + [f"latency-matrix-{rtt}.{ext}" for rtt in (0, 5, 20, 50) for ext in ("md", "jsonl", "png")],
+        "render": "markdown",
+        "chart": "latency-matrix.png",
+    },
+    {
+        "name": "loopback-16m",
+        "question": "Do blocks up to 16 MiB still go as one request on loopback, as fast as before parts?",
+        "heading": "At a remote store's latency",
+        "title": "Loopback, 16 MiB blocks",
+        "measures": "The loopback comparison's 16 MiB rows again, kvtier against awscrt on the sink and "
+                    "s3s-fs: large blocks stay one PUT by default.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--sizes", "16M", "--concurrency", "4,16", "--servers", "sink,s3sfs", "--clients",
+                   "kvtier,awscrt", "--reps", "2", "--name", "loopback-16m"],
+        "minutes": "2",
+        "results": ["loopback-16m.md", "loopback-16m.jsonl", "loopback-16m.png"],
+        "render": "compare",
+        "sections": ["pivot"],
+    },
+    {
+        "name": "sglang",
+        "question": "How does kvtier's SGLang backend compare with SGLang's own storage backends?",
+        "heading": "SGLang backends",
+        "measures": "kvtier's SGLang HiCache backend, SGLang's `HiCacheFile` (local directory) and its "
+                    "`SeaweedFSStore` (boto3; on s3s-fs and the in-memory sink), through the same backend calls "
+                    "on the same pages of SGLang's own host pool, in both layouts, every page read back "
+                    "compared byte for byte.",
+        "driver": ["bench/sglang_compare.py"],
+        "interpreter": "tools/venv",
+        "preset": [],
+        "minutes": "5-10",
+        "results": ["sglang.md"],
+        "render": "markdown",
+    },
+    {
+        "name": "local",
+        "question": "How does the local store compare with vLLM's own fs tier?",
+        "heading": "Local store against vLLM's fs tier",
+        "measures": "The same chunks stored, looked up and loaded through vLLM's `TieringOffloadingManager` "
+                    "with kvtier's tier and with vLLM's `fs` tier, buffered and O_DIRECT, beside a naive Python "
+                    "loop and `kvtier bench`, every loaded byte verified, with the CPU of each thread group.",
+        "driver": ["bench/local_compare.py"],
+        "interpreter": "tools/venv",
+        "preset": [],
+        "minutes": "2-4",
+        "results": ["local-latest.md", "local-latest.jsonl"],
+        "render": "markdown",
+    },
+    {
+        "name": "https",
+        "question": "What do HTTPS loads cost on the direct path against the general client and plain http?",
+        "heading": "HTTPS loads",
+        "measures": "`kvtier bench`'s load phase from the in-memory sink and s3s-fs three ways: plain http on "
+                    "the direct path, https on the direct path, and https through the general client "
+                    "(`direct_http` off); the project's TLS relay (rustls) terminates TLS in front of each "
+                    "server. Client, relay and server share the machine's cores.",
+        "driver": ["bench/https_loads.py"],
+        "interpreter": "python3",
+        "preset": ["--reps", "2"],
+        "minutes": "3",
+        "results": ["https_loads.md"],
+        "render": "markdown",
+    },
+    {
+        "name": "rgw",
+        "question": "How do the clients compare on Ceph RGW?",
+        "heading": "Ceph RGW",
+        "measures": "bench/compare's quick run against a one-node Ceph RGW (memstore OSD, "
+                    "scripts/ceph-rgw.sh) as the server.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--quick", "--servers", "rgw", "--reps", "2", "--name", "rgw-quick"],
+        "minutes": "3-5",
+        "results": ["rgw-quick.md", "rgw-quick.jsonl", "rgw-quick.png"],
+        "render": "compare",
+        "sections": ["pivot", "targets", "existence"],
+    },
+    {
+        "name": "uring",
+        "question": "Would io_uring beat the local store's thread pool?",
+        "heading": "io_uring against the thread pool",
+        "measures": "The local store's data path (a block per thread, positional reads and writes in pieces, "
+                    "a pool of threads) against io_uring from one thread with as many pieces in flight, "
+                    "buffered and O_DIRECT, data moves only, every byte compared; and a lookup batch as "
+                    "`fstatat` one by one against `IORING_OP_STATX` together.",
+        "driver": ["bench/uring.py"],
+        "interpreter": "python3",
+        "preset": [],
+        "minutes": "3",
+        "results": ["uring.md"],
+        "render": "markdown",
+    },
+    {
+        "name": "fleet-soak",
+        "question": "Do engines, gc and eviction on one namespace keep every byte right for a long run?",
+        "heading": None,
+        "measures": "The fleet of python/tests/test_fleet_soak.py run longer on each store: two vLLM engines, a "
+                    "C engine, an evicting tier and `kvtier gc` on one namespace, one engine killed, the server "
+                    "taken down once; prints a summary line per store and fails on any problem.",
+        "driver": ["bench/fleet_soak.py"],
+        "interpreter": "tools/venv",
+        "preset": [],
+        "minutes": "8",
+        "results": [],
+        "render": None,
+    },
+]
+
+# Result files moved to bench/results/archive/ (superseded runs), and why.
+ARCHIVED = {
+    "latest.md": "bench/compare's default output name; this run is full.md's (the same run, kept as full.*)",
+    "latest.jsonl": "the raw measurements of latest.md, the same as full.jsonl",
+    "latest.png": "the chart of latest.md, the same as full.png",
+    "latency20.md": "a first `bench/compare --latency 20` (the sink, one repetition), before parts followed the "
+                    "transfer lane; the published runs at a round trip are latency-matrix-*",
+    "latency20.jsonl": "the raw measurements of latency20.md",
+    "latency20.png": "the chart of latency20.md",
+    "latency20-s3sfs.md": "the same first run on s3s-fs; superseded by latency-matrix-20.md",
+    "latency20-s3sfs.jsonl": "the raw measurements of latency20-s3sfs.md",
+    "latency20-s3sfs.png": "the chart of latency20-s3sfs.md",
+}
+
+# Drivers `bench/run.py` also starts by their own name, with no preset (their own defaults).
+DRIVERS = {
+    "compare": (["bench/compare"], "python3"),
+    "ranges.py": (["bench/ranges.py"], "python3"),
+    "encryption.py": (["bench/encryption.py"], "python3"),
+    "at_latency.py": (["bench/at_latency.py"], "python3"),
+    "latency_matrix.py": (["bench/latency_matrix.py"], "python3"),
+    "local_compare.py": (["bench/local_compare.py"], "tools/venv"),
+    "sglang_compare.py": (["bench/sglang_compare.py"], "tools/venv"),
+    "https_loads.py": (["bench/https_loads.py"], "python3"),
+    "uring.py": (["bench/uring.py"], "python3"),
+    "fleet_soak.py": (["bench/fleet_soak.py"], "tools/venv"),
+}
+
+
+def by_name(name):
+    """The comparison called ``name``, or None."""
+    return next((c for c in COMPARISONS if c["name"] == name), None)

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""bench/report.py: the benchmark pages, generated from bench/comparisons.py and the result
+files it names as current; no number in them is typed by hand.
+
+    python3 bench/report.py            # rewrite them
+    python3 bench/report.py --check    # exit 1, naming the stale ones, when one differs
+
+Writes:
+  docs/benchmarks.md         one section per heading of bench/comparisons.py: what is
+                             measured, the command, the tables (and targets, where the result
+                             file judges them) of the current result files
+  bench/results/INDEX.md     the current result files of every comparison, and the archive
+  bench/README.md            its table of comparisons (between the two marker lines; the
+                             rest of the file is written by hand)
+
+Only the standard library; reads nothing but bench/comparisons.py and bench/results.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+import comparisons
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+RESULTS = os.path.join(BENCH, "results")
+DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+INDEX = os.path.join(RESULTS, "INDEX.md")
+README = os.path.join(BENCH, "README.md")
+TABLE_BEGIN = "<!-- comparisons: begin (bench/report.py writes this table from bench/comparisons.py) -->"
+TABLE_END = "<!-- comparisons: end -->"
+REGENERATE = "python3 bench/report.py"
+
+
+def read(name):
+    with open(os.path.join(RESULTS, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def link(name, from_docs=True):
+    """A markdown link to a result file, from docs/ or from bench/results."""
+    return f"[`bench/results/{name}`](../bench/results/{name})" if from_docs else f"[{name}]({name})"
+
+
+def anchor(heading):
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def command(c):
+    """How the published run is started (bench/run.py NAME), and what that runs."""
+    preset = " ".join(c["preset"])
+    return f"`bench/run.py {c['name']}` (runs `{' '.join(c['driver'] + ([preset] if preset else []))}`)"
+
+
+# ------------------------------------------------------------------------------------------
+# Markdown of the result files
+
+
+def split_sections(text):
+    """(title of the file's `# ` line or None, lines before the first `## `, [(`## ` title,
+    lines)])."""
+    lines = text.strip("\n").split("\n")
+    title = None
+    if lines and lines[0].startswith("# "):
+        title, lines = lines[0][2:].strip(), lines[1:]
+    head, sections = [], []
+    for line in lines:
+        if line.startswith("## "):
+            sections.append((line[3:].strip(), []))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            head.append(line)
+    return title, head, sections
+
+
+def tidy(lines, level):
+    """Lines of a result file as a part of the docs: its headings moved below ``level`` (the
+    file's `##` becomes level + 1), a blank line around every table, runs of blank lines as
+    one, no blank lines at either end."""
+    out = []
+    for line in lines:
+        m = re.match(r"^(#{2,6}) (.*)$", line)
+        if m:
+            line = "#" * min(6, level + len(m.group(1)) - 1) + " " + m.group(2)
+        is_table = line.startswith("|")
+        if out and out[-1] and (is_table != out[-1].startswith("|")):
+            out.append("")
+        if m and out and out[-1]:
+            out.append("")
+        if m:
+            out += [line, ""]
+            continue
+        if line.strip() or (out and out[-1].strip()):
+            out.append(line.rstrip())
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+def table_rows(lines):
+    """The rows of the first markdown table in ``lines`` as dicts by header."""
+    rows, header = [], None
+    for line in lines:
+        if not line.startswith("|"):
+            if header:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set(line.replace("|", "").strip()) <= set("-: "):
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+# Renderers: a comparison's current report as lines of the docs
+
+
+def render_markdown(c, level):
+    title, head, sections = split_sections(read(c["results"][0]))
+    lines = head[:]
+    for name, body in sections:
+        lines += ["", "#" * 2 + " " + name, *body]
+    return title, tidy(lines, level)
+
+
+def render_soak(c, level):
+    title, lines = render_markdown(c, level)
+    kept = [line for line in lines if not line.startswith("|")]
+    while kept and not kept[-1].strip():
+        kept.pop()
+    return title, kept + ["", f"The samples, one a row: {link(c['results'][0])}."]
+
+
+COMPARE_SECTIONS = ["header", "pivot", "floor", "targets", "existence", "kvtier-only"]
+
+
+def pivot(c, sections, level):
+    """bench/compare's Transfers tables as MiB/s / client CPU-s per GiB, a column per client:
+    the headline cell (``c["headline"]``: a block size and a concurrency) first, then every
+    cell; or every cell."""
+    rows, clients = [], []
+    for name, body in sections:
+        if name != "Transfers":
+            continue
+        server, part = None, []
+        for line in body + ["### end"]:
+            if line.startswith("### "):
+                for r in table_rows(part):
+                    failed = not r.get("status", "ok").startswith("ok")
+                    mib = r["MiB/s (min–max)"].split(" (")[0]
+                    cell = "fails" if failed else f"{mib} / {r['CPU-s/GiB']}"
+                    rows.append((server, r["block"], r["c"], r["op"], r["client"], cell))
+                    if r["client"] not in clients:
+                        clients.append(r["client"])
+                server, part = line[4:].strip(), []
+            else:
+                part.append(line)
+    cells = {}
+    for server, block, conc, op, client, cell in rows:
+        cells.setdefault((server, block, conc, op), {})[client] = cell
+
+    def table(keys, columns):
+        out = ["| " + " | ".join(columns + clients) + " |", "|" + "---|" * len(columns) + "---:|" * len(clients)]
+        for key in keys:
+            shown = [k for k, col in zip(key, ("server", "block", "c", "op")) if col in columns]
+            out.append("| " + " | ".join(shown + [cells[key].get(cl, "–") for cl in clients]) + " |")
+        return out
+
+    keys = list(cells)
+    blocks, concs = list(dict.fromkeys(k[1] for k in keys)), list(dict.fromkeys(k[2] for k in keys))
+    unit = "MiB/s / client CPU-s per GiB (medians; `fails`: the client failed)"
+    out = []
+    headline = c.get("headline")
+    if headline:
+        picked = [k for k in keys if k[1] == headline["block"] and k[2] == headline["c"]]
+        out += [f"{headline['block']} blocks, {headline['c']} requests in flight, {unit}:", "",
+                *table(picked, ["server", "op"]), ""]
+        if len(picked) < len(keys):
+            out += ["<details><summary>Every block size and concurrency</summary>", "",
+                    *table(keys, ["server", "block", "c", "op"]), "", "</details>", ""]
+        return out
+    columns = ["server"] + (["block"] if len(blocks) > 1 else []) + (["c"] if len(concs) > 1 else []) + ["op"]
+    fixed = ([f"{blocks[0]} blocks"] if len(blocks) == 1 else []) + ([f"{concs[0]} in flight"] if len(concs) == 1 else [])
+    return [f"{', '.join(fixed + [unit])}:" if fixed else f"{unit}:", "", *table(keys, columns), ""]
+
+
+def render_compare(c, level):
+    title, head, sections = split_sections(read(c["results"][0]))
+    wanted = c.get("sections", COMPARE_SECTIONS)
+    paragraphs = [p for p in "\n".join(head).split("\n\n") if p.strip()]
+    lines = []
+    for p in paragraphs:
+        if p.startswith(("Generated by", "Link:")) or "header" in wanted:
+            lines += [p.strip(), ""]
+    if "pivot" in wanted:
+        lines += pivot(c, sections, level)
+    kinds = {"floor": "Raw loopback floor", "targets": "Targets", "existence": "Existence",
+             "kvtier-only": "kvtier only"}
+    for name, body in sections:
+        kind = next((k for k, prefix in kinds.items() if name.startswith(prefix)), None)
+        if kind in wanted:
+            lines += ["## " + name, *body, ""]
+    return title, tidy(lines, level)
+
+
+RENDER = {"markdown": render_markdown, "soak": render_soak, "compare": render_compare}
+
+
+# ------------------------------------------------------------------------------------------
+# The three outputs
+
+
+def docs():
+    shown = [c for c in comparisons.COMPARISONS if c["heading"] and c["results"]]
+    headings = list(dict.fromkeys(c["heading"] for c in shown))
+    out = [
+        "# Benchmarks",
+        "",
+        f"<!-- Generated by `{REGENERATE}` from bench/comparisons.py and the result files it names; do not edit. -->",
+        "",
+        "Every table below is copied, by bench/report.py, from the current result file of a comparison "
+        "(bench/results/INDEX.md names them); none is typed by hand. Each comparison runs with "
+        "`bench/run.py NAME` (bench/README.md lists them, with how long each takes); a run rewrites its result "
+        f"file, and `{REGENERATE}` this page. Client and servers share the measuring machine's cores unless a "
+        "result says otherwise: read ratios and CPU per GiB rather than absolute throughput.",
+        "",
+        *[f"- [{h}](#{anchor(h)})" for h in headings],
+    ]
+    for heading in headings:
+        out += ["", f"## {heading}"]
+        for c in [c for c in shown if c["heading"] == heading]:
+            level = 2
+            if c.get("title"):
+                out += ["", f"### {c['title']}"]
+                level = 3
+            title, body = RENDER[c["render"]](c, level)
+            also = [link(n) for n in c["results"][1:] if not re.match(r".*-\d+\.(md|jsonl|png)$", n)]
+            runs = [n for n in c["results"][1:] if re.match(r".*-\d+\.md$", n)]
+            out += ["", c["measures"], "", f"Run: {command(c)}." + (f" {c['note']}" if c.get("note") else ""), "",
+                    f"Result: {link(c['results'][0])}" + (f": *{title}*" if title else "")
+                    + (f" (also {', '.join(also)})" if also else "")
+                    + (f"; each run's own report: {', '.join(link(n) for n in runs)}" if runs else "") + ".",
+                    "", *body]
+            if c.get("chart"):
+                out += ["", f"![{c['name']}](../bench/results/{c['chart']})"]
+    return "\n".join(out) + "\n"
+
+
+def index():
+    out = [
+        "# bench/results: which file is current",
+        "",
+        f"<!-- Generated by `{REGENERATE}` from bench/comparisons.py; do not edit. -->",
+        "",
+        "The current result files of every comparison (bench/comparisons.py names them; docs/benchmarks.md "
+        "shows their tables). A run of `bench/run.py NAME` rewrites its comparison's files here. Superseded "
+        "runs are in [archive/](archive/).",
+        "",
+        "| comparison | docs/benchmarks.md section | current result | with it | command |",
+        "|---|---|---|---|---|",
+    ]
+    for c in comparisons.COMPARISONS:
+        section = c["heading"] + (f" / {c['title']}" if c.get("title") else "") if c["heading"] else "–"
+        current = link(c["results"][0], False) if c["results"] else "none kept: it prints its summary"
+        rest = ", ".join(link(n, False) for n in c["results"][1:]) or "–"
+        out.append(f"| {c['name']} | {section} | {current} | {rest} | `bench/run.py {c['name']}` |")
+    archived = sorted(os.listdir(os.path.join(RESULTS, "archive"))) if os.path.isdir(os.path.join(RESULTS, "archive")) else []
+    if archived:
+        out += ["", "## Archive", "", "Superseded runs, kept for their history:", "", "| file | why it is not current |",
+                "|---|---|"]
+        out += [f"| [{n}](archive/{n}) | {comparisons.ARCHIVED.get(n, 'superseded')} |" for n in archived]
+    return "\n".join(out) + "\n"
+
+
+def readme(current):
+    """bench/README.md with its table of comparisons rewritten."""
+    if TABLE_BEGIN not in current or TABLE_END not in current:
+        raise SystemExit(f"bench/README.md lacks the marker lines of its table:\n{TABLE_BEGIN}\n{TABLE_END}")
+    rows = ["| question | command | result | minutes |", "|---|---|---|---:|"]
+    for c in comparisons.COMPARISONS:
+        result = f"[results/{c['results'][0]}](results/{c['results'][0]})" if c["results"] else "prints a summary"
+        rows.append(f"| {c['question']} | `bench/run.py {c['name']}` | {result} | {c['minutes']} |")
+    before, rest = current.split(TABLE_BEGIN, 1)
+    after = rest.split(TABLE_END, 1)[1]
+    return before + TABLE_BEGIN + "\n" + "\n".join(rows) + "\n" + TABLE_END + after
+
+
+def unindexed():
+    named = {n for c in comparisons.COMPARISONS for n in c["results"]} | {"INDEX.md", "archive"}
+    return sorted(set(os.listdir(RESULTS)) - named)
+
+
+def outputs():
+    with open(README, encoding="utf-8") as f:
+        current_readme = f.read()
+    return {DOCS: docs(), INDEX: index(), README: readme(current_readme)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is not what it would be")
+    args = ap.parse_args(argv)
+    for name in unindexed():
+        print(f"bench/report.py: bench/results/{name} is named by no comparison: add it to the results of one in "
+              "bench/comparisons.py, or git mv it to bench/results/archive/", file=sys.stderr)
+    stale = []
+    for path, text in outputs().items():
+        try:
+            with open(path, encoding="utf-8") as f:
+                same = f.read() == text
+        except FileNotFoundError:
+            same = False
+        if same:
+            continue
+        stale.append(os.path.relpath(path, ROOT))
+        if not args.check:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    if args.check:
+        if stale:
+            print(f"bench/report.py --check: {', '.join(stale)} not what bench/comparisons.py and bench/results make; "
+                  f"regenerate with `{REGENERATE}` and commit", file=sys.stderr)
+            return 1
+        return 0
+    for path in stale:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
