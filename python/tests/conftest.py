@@ -32,6 +32,8 @@ except ImportError:  # running from a checkout without PYTHONPATH=python
 
 np = pytest.importorskip("numpy")
 
+from key_layout import object_name  # noqa: E402
+
 
 def pytest_report_header(config):
     try:
@@ -62,10 +64,7 @@ class Store:
     def local_object(self, namespace: str, key: bytes) -> Path:
         """Path of a key's object in the local store (the effective object name)."""
         assert self.root is not None
-        h = key[:-4].hex()
-        group = int.from_bytes(key[-4:], "big")
-        parts = [p for p in (self.prefix, namespace) if p]
-        return self.root.joinpath(*parts, h[:3], f"{h[3:5]}_g{group}", f"{h}.bin")
+        return self.root / object_name(self.prefix, namespace, key)
 
 
 def _s3_params():
