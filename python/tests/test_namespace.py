@@ -22,8 +22,8 @@ import pytest
 import kvtier
 from kvtier import vllm as kv_vllm
 
-from conftest import make_key
 from key_layout import object_name
+from support import make_key
 
 HERE = Path(__file__).resolve().parent
 #: The namespace vectors the Rust tests check too.

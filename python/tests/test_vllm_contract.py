@@ -19,7 +19,7 @@ import kvtier
 from kvtier import vllm as kv_vllm
 from kvtier.vllm import KvtierTier, LookupResult, Medium
 
-from conftest import LOOKUP_POLL_S, collect, ctx, make_key, pattern, resolve, wait_for_io
+from support import LOOKUP_POLL_S, collect, ctx, make_key, pattern, resolve, wait_for_io
 
 ROW = 512
 
