@@ -5,37 +5,45 @@ backend) translates the engine's configuration into a tier configuration, report
 kvtier's counters as the engine's metrics, and maps the engine's transfer jobs onto
 library jobs. The engine-specific parts stay in the adapter; these are the shared ones:
 
-* configuration: splitting an engine's flat store dictionary into the tier's top-level
-  keys and the store's keys, and leaving out values that mean "not set";
+* configuration: splitting an engine's flat dictionary by key set (the tier's top-level
+  keys and the store's; the engine's own keys and kvtier's), and leaving out values that
+  mean "not set";
+* keys: an engine's block hash and KV-cache group as kvtier's key;
+* the tier: closed again when setting it up for the engine (its memory, its regions)
+  fails;
 * metrics: the growth of kvtier's counters between two reports;
-* jobs: one engine job becomes one library job per key length (a library job's keys
-  have one length, an engine's may not), and their outcomes are gathered back into one
-  finished job carrying the keys that succeeded.
+* jobs: submitting one library job (the call for its kind, and what a refusal means: its
+  one failed result still comes), which keys of a finished library job succeeded, and,
+  for engines whose jobs are asynchronous, one engine job as one library job per key
+  length (a library job's keys have one length, an engine's may not), their outcomes
+  gathered back into one finished job carrying the keys that succeeded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Iterator, Mapping
 
 from .errors import KvtierError, Status
-from .tier import JobKind, JobOutcome, Tier
+from .tier import KEY_GROUP_BYTES, JobKind, JobOutcome, Tier
 
 # ---------------------------------------------------------------------------------------
 # Configuration.
 
 
-def split_flat_config(flat: Mapping[str, Any], tier_keys: Collection[str]) -> tuple[dict, dict]:
-    """``(tier, store)``: the entries of ``flat`` whose key is in ``tier_keys``, and the
-    others. Engines take one flat dictionary where kvtier has the tier's keys at the top
-    and the store's below ``store``."""
-    tier: dict[str, Any] = {}
-    store: dict[str, Any] = {}
+def split_flat_config(flat: Mapping[str, Any], keys: Collection[str]) -> tuple[dict, dict]:
+    """``(in_keys, others)``: the entries of ``flat`` whose key is in ``keys``, and the
+    others, each in ``flat``'s order. Engines take one flat dictionary where kvtier has
+    the tier's keys at the top and the store's below ``store`` (vLLM's ``store_config``),
+    or where the engine's own keys sit beside kvtier's (SGLang's ``extra_config``)."""
+    in_keys: dict[str, Any] = {}
+    others: dict[str, Any] = {}
     for key, value in flat.items():
-        (tier if key in tier_keys else store)[key] = value
-    return tier, store
+        (in_keys if key in keys else others)[key] = value
+    return in_keys, others
 
 
 def drop_unset(config: dict, keys: Iterable[str], unset: tuple = ("", None)) -> None:
@@ -44,6 +52,27 @@ def drop_unset(config: dict, keys: Iterable[str], unset: tuple = ("", None)) -> 
     for key in keys:
         if key in config and config[key] in unset:
             del config[key]
+
+
+# ---------------------------------------------------------------------------------------
+# Keys and the tier.
+
+
+def block_key(block_hash: bytes, group: int = 0) -> bytes:
+    """kvtier's key of a block: its hash, then its KV-cache group index in
+    :data:`~kvtier.KEY_GROUP_BYTES` big-endian bytes (vLLM's OffloadKey layout)."""
+    return bytes(block_hash) + group.to_bytes(KEY_GROUP_BYTES, "big")
+
+
+@contextlib.contextmanager
+def closed_on_failure(tier: Tier) -> Iterator[Tier]:
+    """Closes ``tier`` (and re-raises) when the block fails: a tier whose setup for the
+    engine (registering its memory, its regions) did not finish must not outlive it."""
+    try:
+        yield tier
+    except BaseException:
+        tier.close()
+        raise
 
 
 # ---------------------------------------------------------------------------------------
@@ -71,6 +100,40 @@ class CounterGrowth:
 
 # ---------------------------------------------------------------------------------------
 # Jobs.
+
+
+def submit_library_job(
+    tier: Tier, kind: JobKind, job_id: int, keys: Any, *, blocks: Any = None, ranges: Any = None
+) -> KvtierError | None:
+    """Submits one library job of ``kind``: ``keys[i]`` from or to block ``blocks[i]`` of
+    the tier's pool, or, with ``ranges``, from or to the ranges ``ranges[i]`` (one of the
+    two is given).
+
+    Returns None when the library took the job, or its refusal: a :class:`KvtierError`
+    whose job still yields its one failed result from :meth:`Tier.poll`. Any other
+    exception (a ``TypeError`` or ``ValueError`` for arguments the binding rejects) means
+    the job never reached the library and no result comes; it propagates."""
+    try:
+        if ranges is None:
+            submit = tier.submit_store if kind is JobKind.STORE else tier.submit_load
+            submit(job_id, blocks, keys)
+        else:
+            submit = tier.submit_store_ranges if kind is JobKind.STORE else tier.submit_load_ranges
+            submit(job_id, keys, ranges)
+    except KvtierError as exc:
+        return exc
+    return None
+
+
+def key_successes(outcome: JobOutcome, num_keys: int) -> list[bool]:
+    """Whether each of a finished library job's ``num_keys`` keys succeeded, in job order:
+    every key of a job that succeeded; else those whose own status is OK (none when the
+    result carries no per-key statuses, as a job rejected at submission may)."""
+    if outcome.ok:
+        return [True] * num_keys
+    if len(outcome.key_status) != num_keys:
+        return [False] * num_keys
+    return [status == Status.OK for status in outcome.key_status]
 
 
 @dataclasses.dataclass
@@ -117,10 +180,7 @@ class _PendingJob:
 
 
 def _keys_done(outcome: JobOutcome, keys: list) -> list:
-    if outcome.ok:
-        return keys
-    statuses = outcome.key_status if len(outcome.key_status) == len(keys) else ()
-    return [k for k, st in zip(keys, statuses) if st == Status.OK]
+    return [k for k, ok in zip(keys, key_successes(outcome, len(keys))) if ok]
 
 
 class JobBook:
@@ -167,19 +227,19 @@ class JobBook:
             part_slots.append(slot)
             part_keys.append(key)
         pending = self._jobs[job_id] = _PendingJob(kind, keys, parts=len(by_length))
-        submit: Callable = tier.submit_store if kind is JobKind.STORE else tier.submit_load
         for part_slots, part_keys in by_length.values():
             part_id = next(self._next_part_id)
             self._parts[part_id] = (job_id, part_keys)
             try:
-                submit(part_id, part_slots, part_keys)
-            except KvtierError as exc:
-                # Rejected by the library: its one failed result comes from the next poll.
-                self._logger.warning("%s job %d rejected: %s", kind.name.lower(), job_id, exc)
+                refused = submit_library_job(tier, kind, part_id, part_keys, blocks=part_slots)
             except Exception as exc:  # never reached the library: fail this part here
                 del self._parts[part_id]
                 self._logger.warning("%s job %d failed at submission: %s", kind.name.lower(), job_id, exc)
                 pending.add(ok=False, done=(), nbytes=0, seconds=0.0)
+                continue
+            if refused is not None:
+                # Rejected by the library: its one failed result comes from the next poll.
+                self._logger.warning("%s job %d rejected: %s", kind.name.lower(), job_id, refused)
         self._finish_if_done(job_id)
 
     def _fail_at_submission(self, job_id: int, kind: JobKind, keys: tuple, why: str) -> None:

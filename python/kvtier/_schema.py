@@ -11,7 +11,7 @@ import json
 from typing import Any, Mapping
 
 from . import _native
-from .tier import _check
+from .tier import _check, _config_text
 
 
 @functools.cache
@@ -29,5 +29,4 @@ def stats_fields() -> tuple[tuple[str, str], ...]:
 def check_config(config: Mapping[str, Any] | str) -> None:
     """Validates a configuration exactly as tier creation would, without opening the
     store; raises :class:`~kvtier.ConfigError` (the library's message) if it is bad."""
-    text = config if isinstance(config, str) else json.dumps(config)
-    _check(_native.load().kvt_config_check(text.encode()))
+    _check(_native.load().kvt_config_check(_config_text(config).encode()))

@@ -118,6 +118,11 @@ def _lib() -> ctypes.CDLL:
     return _native.load()
 
 
+def _config_text(config: Mapping[str, Any] | str) -> str:
+    """A tier configuration as the library takes it: JSON text, or a mapping dumped to it."""
+    return config if isinstance(config, str) else json.dumps(config)
+
+
 def _check(status: int) -> None:
     if status != Status.OK:
         raw = _lib().kvt_last_error()
@@ -180,12 +185,49 @@ def _key_buffer(keys: Sequence) -> tuple[bytes, int, int]:
     return b"".join(keys), key_len, len(keys)
 
 
-def _block_id_array(block_ids: Any, expected: int):
-    """A C array of uint64 block ids (negative ids wrap, so the library rejects them)."""
+def _numpy() -> Any:
+    """numpy, or None: the binding takes numpy arrays where it is installed, and needs it
+    nowhere."""
     try:
         import numpy as np  # optional
     except ImportError:  # pragma: no cover - numpy is optional
-        np = None
+        return None
+    return np
+
+
+def _job_id(job_id: int) -> int:
+    """``job_id`` as a C ``uint64_t``; ``ValueError`` when it does not fit."""
+    job_id = operator.index(job_id)
+    if not 0 <= job_id <= _U64_MAX:
+        raise ValueError(f"job id {job_id} is out of range")
+    return job_id
+
+
+def _writable_view(buffer: Any, what: str) -> memoryview:
+    """A view of ``buffer``, memory the library may write: ``ValueError`` (naming it as
+    ``what``) when it is read-only or not C-contiguous."""
+    view = memoryview(buffer)
+    if view.readonly:
+        raise ValueError(f"{what} must be writable")
+    if not view.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    return view
+
+
+def _flat_bytes(view: memoryview) -> memoryview:
+    """``view`` as one dimension of bytes (itself when it is one already)."""
+    return view if (view.ndim == 1 and view.format in ("B", "b", "c")) else view.cast("B")
+
+
+def _pin(flat: memoryview) -> Any:
+    """A ctypes array over ``flat``: its buffer export keeps the memory from being freed
+    or resized while it is held."""
+    return (ctypes.c_ubyte * flat.nbytes).from_buffer(flat)
+
+
+def _block_id_array(block_ids: Any, expected: int):
+    """A C array of uint64 block ids (negative ids wrap, so the library rejects them)."""
+    np = _numpy()
     if np is not None and isinstance(block_ids, np.ndarray):
         if block_ids.dtype.kind not in "iu":
             raise TypeError(f"block ids must be integers, not {block_ids.dtype}")
@@ -342,10 +384,9 @@ class Tier:
     """
 
     def __init__(self, config: Mapping[str, Any] | str):
-        text = config if isinstance(config, str) else json.dumps(config)
         lib = _lib()
         handle = ctypes.c_void_p()
-        _check(lib.kvt_tier_new(text.encode(), ctypes.byref(handle)))
+        _check(lib.kvt_tier_new(_config_text(config).encode(), ctypes.byref(handle)))
         self._h = _Handle(handle.value)
         # Frees the handle of a tier dropped without close(), when it is collected or at
         # exit; close() detaches it.
@@ -405,11 +446,7 @@ class Tier:
         cannot be resized) until :meth:`close`. Allowed once per tier.
         """
         self._h.ensure_open()
-        view = memoryview(buffer)
-        if view.readonly:
-            raise ValueError("the host pool must be writable")
-        if not view.c_contiguous:
-            raise ValueError("the host pool must be C-contiguous")
+        view = _writable_view(buffer, "the host pool")
         nbytes = view.nbytes
         if block_bytes is None:
             if view.ndim != 2:
@@ -422,10 +459,8 @@ class Tier:
             if block_bytes <= 0 or nbytes % block_bytes:
                 raise ValueError(f"the pool's {nbytes} bytes are not a whole number of {block_bytes}-byte blocks")
             num_blocks = nbytes // block_bytes
-        flat = view if (view.ndim == 1 and view.format in ("B", "b", "c")) else view.cast("B")
-        # from_buffer holds a buffer export: the memory cannot be freed or resized while
-        # the tier keeps `holder`.
-        holder = (ctypes.c_ubyte * nbytes).from_buffer(flat)
+        flat = _flat_bytes(view)
+        holder = _pin(flat)  # kept by the tier
         with self._h as ptr:
             _check(_lib().kvt_tier_register_memory(ptr, ctypes.addressof(holder), num_blocks, block_bytes))
             self._h.pool = (buffer, view, flat, holder)
@@ -447,15 +482,11 @@ class Tier:
         if buffer is not None:
             if address is not None or nbytes is not None:
                 raise TypeError("pass a buffer, or address and nbytes, not both")
-            view = memoryview(buffer)
-            if view.readonly:
-                raise ValueError("a region must be writable")
-            if not view.c_contiguous:
-                raise ValueError("a region must be C-contiguous")
-            flat = view if (view.ndim == 1 and view.format in ("B", "b", "c")) else view.cast("B")
+            view = _writable_view(buffer, "a region")
+            flat = _flat_bytes(view)
             if flat.nbytes == 0:
                 raise ValueError("a region needs at least one byte")
-            holder = (ctypes.c_ubyte * flat.nbytes).from_buffer(flat)
+            holder = _pin(flat)
             address, nbytes, refs = ctypes.addressof(holder), flat.nbytes, (buffer, view, flat, holder)
         else:
             if address is None or nbytes is None:
@@ -478,9 +509,7 @@ class Tier:
     # -- jobs ------------------------------------------------------------------------
 
     def _submit(self, fn, job_id: int, block_ids: Any, keys: Sequence) -> None:
-        job_id = operator.index(job_id)
-        if not 0 <= job_id <= _U64_MAX:
-            raise ValueError(f"job id {job_id} is out of range")
+        job_id = _job_id(job_id)
         buf, key_len, num_keys = _key_buffer(keys)
         ids, address = _block_id_array(block_ids, num_keys)
         with self._h as ptr:
@@ -509,10 +538,7 @@ class Tier:
         """(owner, address, ranges_per_key) of a C array of ``kvt_range``: ``ranges`` is a
         numpy array of shape ``(num_keys, R, 3)`` (region, offset, len; any integer type),
         or ``num_keys`` sequences of ``R`` (region, offset, len) triples."""
-        try:
-            import numpy as np  # optional
-        except ImportError:  # pragma: no cover - numpy is optional
-            np = None
+        np = _numpy()
         if np is not None and isinstance(ranges, np.ndarray):
             if ranges.dtype.kind not in "iu" or ranges.ndim != 3 or ranges.shape[2] != 3:
                 raise ValueError(f"ranges must be integers of shape (num_keys, R, 3), not {ranges.dtype} {ranges.shape}")
@@ -558,9 +584,7 @@ class Tier:
         return [out[k : k + ranges_per_key] for k in range(0, len(out), ranges_per_key)]
 
     def _submit_ranges(self, fn, job_id: int, keys: Sequence, ranges: Any) -> None:
-        job_id = operator.index(job_id)
-        if not 0 <= job_id <= _U64_MAX:
-            raise ValueError(f"job id {job_id} is out of range")
+        job_id = _job_id(job_id)
         buf, key_len, num_keys = _key_buffer(keys)
         arr, address, per_key = self._ranges_array(ranges, num_keys)
         with self._h as ptr:
@@ -724,19 +748,21 @@ class Tier:
         """Runs one eviction round now (the tier's ``eviction`` configuration; the
         background task runs them every ``interval_ms``) and returns what it did:
         ``objects``/``bytes`` before the round, ``deleted``/``deleted_bytes``."""
-        report = _native.KvtEvictionReport()
-        with self._h as ptr:
-            _check(_lib().kvt_tier_evict_now(ptr, ctypes.byref(report)))
-        return {name: getattr(report, name) for name, _ in report._fields_}
+        return self._eviction_report(_lib().kvt_tier_evict_now)
 
     def clear(self) -> dict[str, int]:
         """Deletes every block of the tier's namespace (objects under its prefix and
         namespace with a block's name; nothing else), each a BlockRemoved event, whether or
         not eviction is configured, and returns what it did (as :meth:`evict_now`).
         Blocks other tiers stored into the same namespace go too."""
+        return self._eviction_report(_lib().kvt_tier_clear)
+
+    def _eviction_report(self, fn) -> dict[str, int]:
+        """Runs ``fn`` (``kvt_tier_evict_now`` or ``kvt_tier_clear``) and returns its
+        ``kvt_eviction_report`` as a dict."""
         report = _native.KvtEvictionReport()
         with self._h as ptr:
-            _check(_lib().kvt_tier_clear(ptr, ctypes.byref(report)))
+            _check(fn(ptr, ctypes.byref(report)))
         return {name: getattr(report, name) for name, _ in report._fields_}
 
     def metrics(self) -> str:

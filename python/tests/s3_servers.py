@@ -82,6 +82,20 @@ def owns_listener(pid: int, port: int) -> bool:
     return False
 
 
+def _serving(child: subprocess.Popen, port: int, deadline: float) -> bool:
+    """Waits until ``child`` answers HTTP on ``port`` and is the process listening there
+    (see :func:`owns_listener`); False once it exited, another process answered, or
+    ``deadline`` (a ``time.monotonic()``) passed."""
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            _request(port, "GET", "/")
+        except OSError:
+            time.sleep(0.02)  # a poll interval: the server's answer decides
+            continue
+        return owns_listener(child.pid, port)
+    return False
+
+
 def serve(argv_for_port, name: str, log_dir: str | os.PathLike | None = None,
           **popen) -> tuple[int, subprocess.Popen]:
     """Starts ``argv_for_port(port)`` on a free loopback port and returns (port, process) once
@@ -95,17 +109,10 @@ def serve(argv_for_port, name: str, log_dir: str | os.PathLike | None = None,
         port = free_port()
         log = open(Path(log_dir or tempfile.gettempdir()) / f"kvtier-{name}-{port}.log", "wb")
         child = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT, **popen)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and child.poll() is None:
-            try:
-                _request(port, "GET", "/")
-            except OSError:
-                time.sleep(0.05)
-                continue
-            if not owns_listener(child.pid, port):
-                break  # another process answered on the port: a new port
+        if _serving(child, port, time.monotonic() + 30):
             _children.append(child)
             return port, child
+        # Not answering, or another process answered on the port: a new port.
         child.kill()
         child.wait()
         last = f"{name} did not answer on port {port} (log {log.name})"
@@ -162,15 +169,12 @@ def restart(store_config: dict, down_s: float, deadline_s: float = 90.0) -> None
     deadline = time.monotonic() + deadline_s
     while True:
         child = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT)
-        while child.poll() is None and time.monotonic() < deadline:
-            try:
-                _request(port, "GET", "/")
-                break
-            except OSError:
-                time.sleep(0.02)
-        if child.poll() is None:
+        if _serving(child, port, deadline):
             break
-        assert time.monotonic() < deadline, f"s3s-fs did not come back on port {port}"
+        # It exited (the port not free again yet, say), or the deadline passed.
+        child.kill()
+        child.wait()
+        assert time.monotonic() < deadline, f"s3s-fs did not come back on port {port} (log {log.name})"
     _children[_children.index(old)] = child  # killed with the session's servers
 
 

@@ -17,7 +17,7 @@ import pytest
 import kvtier
 from kvtier import JobKind, LookupResult, Status, Tier
 
-from conftest import make_key, wait_results
+from support import make_key, wait_results
 
 PYTHON_DIR = Path(kvtier.__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import kvtier
 from kvtier import Status, Tier, _native
 
-from conftest import make_key, wait_results
+from support import make_key, wait_results
 
 BLOCK = 64 * 1024
 

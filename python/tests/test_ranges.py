@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from conftest import make_key, wait_results
+from support import make_key, wait_results
 
 PIECE = 4096
 PAGES = 6

@@ -19,7 +19,7 @@ import kvtier
 from kvtier import vllm as kv_vllm
 from kvtier.vllm import KvtierTier, LookupResult, Medium
 
-from conftest import LOOKUP_POLL_S, collect, ctx, make_key, pattern, resolve, wait_for_io
+from support import LOOKUP_POLL_S, collect, ctx, make_key, pattern, resolve, wait_for_io
 
 ROW = 512
 
@@ -559,10 +559,22 @@ def test_keys_of_other_hash_lengths_are_accepted(store, make_tier):
         assert resolve(tier, key, "a") is LookupResult.HIT, hash_bytes
 
 
-def test_construction_failure_releases_everything(tmp_path):
+def test_construction_failure_releases_everything(tmp_path, monkeypatch):
+    """A tier whose pool is refused is closed before the constructor raises: neither its
+    handle nor its I/O runtime outlives the failed construction."""
+    opened = []
+
+    class RecordedTier(kvtier.Tier):
+        def __init__(self, config):
+            super().__init__(config)
+            opened.append(self)
+
+    monkeypatch.setattr(kv_vllm.adapter, "Tier", RecordedTier)
     pool = np.zeros((4, 64), np.uint8)[:, :32]  # not contiguous: registration refused
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="C-contiguous"):
         KvtierTier(None, pool, "kvtier", store_config={"type": "local", "path": str(tmp_path)}, namespace="n")
+    assert len(opened) == 1
+    assert opened[0].closed
 
 
 def test_unreachable_store_fails_construction_with_an_actionable_message(tmp_path):

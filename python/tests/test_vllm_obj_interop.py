@@ -53,6 +53,7 @@ sys.modules.setdefault("nixl._bindings", nixl_cu12._bindings)
 from vllm.v1.kv_offload.base import LookupResult, Medium, make_offload_key  # noqa: E402
 from vllm.v1.kv_offload.file_mapper import FileMapper  # noqa: E402
 
+from key_layout import object_name  # noqa: E402
 from kvtier import vllm as kv_vllm  # noqa: E402
 from vllm_engine import BLOCK_BYTES, DEADLINE_S, Engine  # noqa: E402
 
@@ -226,8 +227,7 @@ def test_both_tiers_map_keys_to_one_object_name(engines, s3_store, blocks_per_ch
         # vLLM's name has an empty segment (root_dir ends with "/" and base_path adds
         # one); the S3 client of NIXL's OBJ plugin drops it, kvtier never writes one.
         effective = "/".join(part for part in obj_name.split("/") if part)
-        h = key[:-4].hex()
-        assert effective == f"{s3_store.prefix}/{kv_tier.namespace}/{h[:3]}/{h[3:5]}_g{group}/{h}.bin"
+        assert effective == object_name(s3_store.prefix, kv_tier.namespace, key)
     assert kv_tier.namespace.startswith("org_modèle-ü_")
 
 

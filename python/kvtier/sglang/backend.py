@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any, List, Optional
 
+from .._engine_adapter import block_key, closed_on_failure, key_successes, submit_library_job
 from .._schema import check_config
 from ..errors import KvtierError
 from ..tier import JobKind, JobOutcome, LookupResult, Tier
@@ -56,7 +57,7 @@ def page_key(key: str) -> bytes:
         raw = None
     if raw is None:
         raw = hashlib.sha256(key.encode()).digest()
-    return raw + b"\0\0\0\0"
+    return block_key(raw)
 
 
 class _Results:
@@ -150,15 +151,12 @@ class KvtierStorage(_Base):
             raise ValueError(f"kvtier.sglang needs the contiguous kv_buffer of {type(mem_pool_host).__name__}")
         self.namespace = _config.namespace(self.storage_config, geometry)
         tier = Tier(_config.build_tier_config(self.extra_config, self.namespace))
-        try:
+        with closed_on_failure(tier):
             self._region = tier.add_region(
                 address=buffer.data_ptr(), nbytes=buffer.numel() * buffer.element_size(), owner=buffer
             )
             self._base = buffer.data_ptr()
             self._results = _Results(tier)
-        except BaseException:
-            tier.close()
-            raise
         self.tier = tier
         self.mem_pool_host = mem_pool_host
         self._layer_first_mha = geometry["kind"] == "mha" and geometry["layout"] == "layer_first"
@@ -202,15 +200,14 @@ class KvtierStorage(_Base):
         if tier is None or results is None:
             return [False] * len(keys)
         job = next(self._job_ids)
-        submit = tier.submit_store_ranges if kind is JobKind.STORE else tier.submit_load_ranges
         started = time.perf_counter()
         try:
-            submit(job, [page_key(k) for k in keys], ranges)
-        except KvtierError as exc:
-            logger.warning("kvtier.sglang: %s of %d pages refused: %s", kind.name.lower(), len(keys), exc)
+            refused = submit_library_job(tier, kind, job, [page_key(k) for k in keys], ranges=ranges)
         except (TypeError, ValueError) as exc:  # never reached the library: no result comes
             logger.warning("kvtier.sglang: %s of %d pages failed: %s", kind.name.lower(), len(keys), exc)
             return [False] * len(keys)
+        if refused is not None:  # its one failed result still comes
+            logger.warning("kvtier.sglang: %s of %d pages refused: %s", kind.name.lower(), len(keys), refused)
         outcome = results.wait(job, JOB_TIMEOUT_S)
         if outcome is None:
             # The job still holds the pages: SGLang must not reuse them, but it will. This
@@ -219,11 +216,9 @@ class KvtierStorage(_Base):
             return [False] * len(keys)
         if not outcome.ok:
             logger.debug("kvtier.sglang: %s job %d: %s", kind.name.lower(), job, outcome.message)
-        ok = outcome.succeeded_indices()
-        done = [False] * len(keys)
-        for i in ok:
-            done[i] = True
-        if self.enable_metrics and ok:
+        done = key_successes(outcome, len(keys))
+        pages = sum(done)
+        if self.enable_metrics and pages:
             seconds = max(time.perf_counter() - started, 1e-9)
             gib = outcome.bytes / (1 << 30)
             with self._metrics_lock:
@@ -232,7 +227,7 @@ class KvtierStorage(_Base):
                     if kind is JobKind.STORE
                     else (self._prefetch_pgs, self._prefetch_bw)
                 )
-                pgs.append(len(ok))
+                pgs.append(pages)
                 bw.append(gib / seconds)
         return done
 

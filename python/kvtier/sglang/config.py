@@ -17,6 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from .._engine_adapter import split_flat_config
+from ..tier import DEFAULT_KEY_BYTES
+
 #: Keys of ``extra_config`` that belong to SGLang (its factory and controller), not kvtier.
 SGLANG_KEYS = frozenset(
     {
@@ -105,8 +108,7 @@ def build_tier_config(extra_config: Mapping[str, Any] | None, ns: str) -> dict:
     """kvtier's tier configuration from SGLang's ``extra_config`` (its own keys removed)
     under namespace ``ns``. Raises ``ValueError`` for a missing store or a key the backend
     derives itself; the library refuses anything else it does not know."""
-    extra = dict(extra_config or {})
-    config = {k: v for k, v in extra.items() if k not in SGLANG_KEYS}
+    _, config = split_flat_config(extra_config or {}, SGLANG_KEYS)
     derived = sorted(_DERIVED_KEYS & config.keys())
     if derived:
         raise ValueError(
@@ -119,6 +121,7 @@ def build_tier_config(extra_config: Mapping[str, Any] | None, ns: str) -> dict:
             "\"endpoint_override\": \"http://127.0.0.1:9000\"}} or {\"store\": {\"type\": \"local\", \"path\": \"/var/cache/kv\"}}"
         )
     config["namespace"] = ns
-    # SGLang's page keys are SHA-256 hex strings: 32 bytes and kvtier's 4-byte group index.
-    config["key_bytes"] = 36
+    # SGLang's page keys are SHA-256 hex strings: 32 bytes and kvtier's 4-byte group index
+    # (backend.page_key).
+    config["key_bytes"] = DEFAULT_KEY_BYTES
     return config

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, Mapping
 
-from .._engine_adapter import CounterGrowth, FinishedJob, JobBook
+from .._engine_adapter import CounterGrowth, FinishedJob, JobBook, closed_on_failure
 from ..errors import ConfigError, KvtierError, TimedOutError
 from ..tier import JobKind, Tier
 from ..tier import LookupResult as _KvtLookup
@@ -155,7 +155,7 @@ class KvtierTier(SecondaryTierBase):
             locality=self.locality,
         )
         try:
-            self._tier = Tier(config)
+            tier = Tier(config)
         except ConfigError:
             raise
         except KvtierError as exc:
@@ -165,17 +165,14 @@ class KvtierTier(SecondaryTierBase):
                 "(bucket, endpoint_override, scheme) and the credentials (access_key/secret_key, "
                 "or the default credential chain)",
             ) from exc
-        self._config_info = {
-            "kvtier_version": kvtier_version(),
-            "kvtier_store": config["store"]["type"],
-            "kvtier_location": self._tier.location,
-        }
-        try:
-            self._tier.register_memory(view)
-        except BaseException:
-            self._tier.close()
-            self._tier = None
-            raise
+        with closed_on_failure(tier):
+            self._config_info = {
+                "kvtier_version": kvtier_version(),
+                "kvtier_store": config["store"]["type"],
+                "kvtier_location": tier.location,
+            }
+            tier.register_memory(view)
+        self._tier = tier
         self.row_bytes = self._tier.block_bytes
         self.num_slots = self._tier.num_blocks
         logger.info(

@@ -41,7 +41,11 @@ except ImportError:  # a checkout without PYTHONPATH=python
     sys.path.insert(0, str(_HERE.parents[1]))
     import kvtier  # noqa: F401
 
+if str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))  # python/tests: helpers shared with the other suites
+
 import numpy as np  # noqa: E402
+from key_layout import object_name  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     LookupResult,
     ReqContext,
@@ -436,16 +440,6 @@ class FaultProxy:
 
 # ---------------------------------------------------------------------------------------
 # Stores.
-
-
-def object_name(prefix: str, namespace: str, key: bytes) -> str:
-    """kvtier's (and vLLM's obj tier's) object name of ``key`` (docs/stores.md, "Key layout")."""
-    key = bytes(key)
-    h = key[:-4].hex()
-    group = int.from_bytes(key[-4:], "big")
-    parts = [p for p in (*prefix.split("/"), *namespace.split("/")) if p]
-    parts += [p for p in (h[0:3], f"{h[3:5]}_g{group}") if p]
-    return "/".join(parts + [f"{h}.bin"])
 
 
 class Store:
