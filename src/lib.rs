@@ -15,18 +15,31 @@
 
 pub mod abi;
 pub mod logs;
-// The exports, one concern a room, declared in the header's order (cbindgen follows it).
-mod events;
+// The exports, one concern a room, declared in the header's order: cbindgen writes the
+// functions in the order it reads the modules (a comment between each keeps rustfmt from
+// sorting them).
+// Version, status names, schema, counters' names, configuration check.
 mod info;
-mod lookups;
-mod namespace;
-mod observe;
-mod out;
-mod poll;
-mod progress;
+// kvt_tier_new and memory registration.
 mod setup;
+// Submitting stores and loads.
 mod submit;
+// Results and the ready fd.
+mod poll;
+// Location, jobs in flight, drain.
+mod progress;
+// Shutdown and free.
 mod teardown;
+// Lookups and existence checks.
+mod lookups;
+// KV events, eviction rounds, clear.
+mod events;
+// Counters, metrics, the log callback.
+mod observe;
+// vLLM's namespace string.
+mod namespace;
+// Out-parameters and statuses (no exports).
+mod out;
 // The panic boundary and kvt_last_error (last in the header).
 mod boundary;
 #[cfg(test)]
