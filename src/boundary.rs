@@ -44,7 +44,13 @@ pub(crate) fn set_last_error(error: Option<Error>) {
 /// same thread. Never contains secrets.
 #[no_mangle]
 pub extern "C" fn kvt_last_error() -> *const c_char {
-    LAST_ERROR.with(|cell| cell.borrow().as_ptr())
+    // Outside the guard (a guard would overwrite the very text asked for), and it cannot
+    // panic: a thread whose locals are gone gets the empty text.
+    LAST_ERROR
+        .try_with(|cell| cell.try_borrow().map(|text| text.as_ptr()).ok())
+        .ok()
+        .flatten()
+        .unwrap_or(c"".as_ptr())
 }
 
 /// Installs, once per process, a panic hook that keeps the library's panics off the
@@ -93,6 +99,19 @@ fn call<T>(body: impl FnOnce() -> T) -> std::thread::Result<T> {
     let outcome = catch_unwind(AssertUnwindSafe(body));
     IN_CALL.with(|c| c.set(c.get() - 1));
     outcome
+}
+
+/// Runs an export that returns a value rather than a status (static text): a panic
+/// returns `fallback` (documented for that export) and records KVT_STATUS_PANIC's message as
+/// the thread's last error.
+pub(crate) fn guard_value<T>(name: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+    match call(body) {
+        Ok(value) => value,
+        Err(panic) => {
+            set_last_error(Some(panic_error(name, &panic)));
+            fallback
+        }
+    }
 }
 
 /// Runs an export body that needs no tier: a panic becomes KVT_STATUS_PANIC, an error is

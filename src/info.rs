@@ -12,18 +12,20 @@ static VERSION_CSTR: &CStr =
 /// The library version, e.g. "0.1.0". Static storage: never free it. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kvt_version() -> *const c_char {
-    VERSION_CSTR.as_ptr()
+    guard_value("kvt_version", c"".as_ptr(), || VERSION_CSTR.as_ptr())
 }
 
 /// A short, static English description of a status code ("unknown status" for values
 /// outside the enum). Never NULL; never free it. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
-    let text: &'static CStr = match status_from_int(status) {
-        Some(s) => s.as_cstr(),
-        None => c"unknown status",
-    };
-    text.as_ptr()
+    guard_value("kvt_status_str", c"unknown status".as_ptr(), || {
+        let text: &'static CStr = match status_from_int(status) {
+            Some(s) => s.as_cstr(),
+            None => c"unknown status",
+        };
+        text.as_ptr()
+    })
 }
 
 /// The tier configuration's schema: every key `kvt_tier_new` accepts, as a JSON document
@@ -41,7 +43,9 @@ pub extern "C" fn kvt_status_str(status: c_int) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn kvt_config_schema() -> *const c_char {
     static SCHEMA: OnceLock<CString> = OnceLock::new();
-    static_text(&SCHEMA, || kvtier_core::config::schema_json().to_string())
+    static_text("kvt_config_schema", &SCHEMA, || {
+        kvtier_core::config::schema_json().to_string()
+    })
 }
 
 /// The counters of `kvt_stats`, in field order, as a JSON array
@@ -53,7 +57,7 @@ pub extern "C" fn kvt_config_schema() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn kvt_stats_fields() -> *const c_char {
     static FIELDS: OnceLock<CString> = OnceLock::new();
-    static_text(&FIELDS, || {
+    static_text("kvt_stats_fields", &FIELDS, || {
         let fields: Vec<_> = kvtier_core::STATS_FIELDS
             .iter()
             .map(|f| serde_json::json!({"name": f.name, "help": f.help}))
@@ -93,10 +97,18 @@ pub(crate) unsafe fn config_text<'a>(config_json: *const c_char) -> kvtier_core:
 }
 
 /// A string made once and kept for the life of the process, for exports that return
-/// static text.
-fn static_text(cell: &'static OnceLock<CString>, make: impl FnOnce() -> String) -> *const c_char {
+/// static text. Inside the panic guard: a panic while making it returns the empty text
+/// (never NULL) with KVT_STATUS_PANIC's message in kvt_last_error, and the next call tries
+/// again.
+fn static_text(
+    name: &str,
+    cell: &'static OnceLock<CString>,
+    make: impl FnOnce() -> String,
+) -> *const c_char {
     // A NUL inside would be a library bug; the empty string still honours "never NULL".
-    cell.get_or_init(|| c_text(make())).as_ptr()
+    guard_value(name, c"".as_ptr(), || {
+        cell.get_or_init(|| c_text(make())).as_ptr()
+    })
 }
 
 pub(crate) fn status_from_int(value: c_int) -> Option<Status> {

@@ -51,7 +51,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use boundary::{c_text, current_pid, guard, guard_tier, guard_tier_or, set_last_error, Access};
+use boundary::{
+    c_text, current_pid, guard, guard_tier, guard_tier_or, guard_value, set_last_error, Access,
+};
 
 use abi::{kvt_eviction_report, kvt_job_kind, kvt_lookup_result, kvt_range, kvt_stats};
 use kvtier_core::config::Locality;
@@ -86,7 +88,10 @@ pub const KVT_MAX_RANGES_PER_KEY: usize = 4096;
 /// Most ranges one job may carry, over all its keys.
 pub const KVT_MAX_RANGES_PER_JOB: usize = 1 << 22;
 
-// The header's constants are literals (cbindgen reads no paths); they are the engine's.
+// The header's constants are literals (cbindgen reads no paths); they are the engine's,
+// every one checked when the library is compiled.
+const _: () = assert!(KVT_KEY_GROUP_BYTES == kvtier_core::key::GROUP_BYTES);
+const _: () = assert!(KVT_DEFAULT_KEY_BYTES == kvtier_core::config::DEFAULT_KEY_BYTES);
 const _: () = assert!(KVT_MAX_KEYS_PER_JOB == kvtier_core::MAX_KEYS_PER_JOB);
 const _: () = assert!(KVT_MAX_RANGES_PER_KEY == kvtier_core::MAX_RANGES_PER_KEY);
 const _: () = assert!(KVT_MAX_RANGES_PER_JOB == kvtier_core::MAX_RANGES_PER_JOB);

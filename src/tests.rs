@@ -2,16 +2,6 @@
 
 use super::*;
 
-#[test]
-fn header_constants_match_the_engine() {
-    assert_eq!(KVT_KEY_GROUP_BYTES, kvtier_core::key::GROUP_BYTES);
-    assert_eq!(
-        KVT_DEFAULT_KEY_BYTES,
-        kvtier_core::config::DEFAULT_KEY_BYTES
-    );
-    assert_eq!(KVT_MAX_KEYS_PER_JOB, kvtier_core::MAX_KEYS_PER_JOB);
-}
-
 fn memory_tier() -> *mut kvt_tier {
     let mut tier = std::ptr::null_mut();
     let status =
@@ -44,7 +34,7 @@ fn a_panic_marks_the_tier_failed_and_every_job_still_gets_its_result() {
         assert_eq!(status, Status::Panic);
         let message = last_error();
         assert!(
-            message.contains("test_call: deliberate") && message.contains("ffi/mod.rs"),
+            message.contains("test_call: deliberate") && message.contains("src/tests.rs"),
             "{message}"
         );
         // Work is refused: submits with their one result, other calls outright.

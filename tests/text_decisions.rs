@@ -84,7 +84,11 @@ fn files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
                 continue;
             }
             files(&path, ext, out);
-        } else if path.extension().is_some_and(|e| e == ext) {
+        } else if path.extension().is_some_and(|e| e == ext)
+            && !(ext == "rs" && path.file_name().is_some_and(|n| n == "tests.rs"))
+        {
+            // (A `tests.rs` is a module's unit tests in a file of their own, declared
+            // `#[cfg(test)] mod tests;`: test code, as the tail of a file is below.)
             out.push(path);
         }
     }

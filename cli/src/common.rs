@@ -21,7 +21,7 @@ pub struct OutputArgs {
 /// output format (`--json`): the options of every subcommand that opens a tier.
 #[derive(Args, Debug, Clone, Default)]
 pub struct StoreArgs {
-    /// Tier configuration as JSON (e.g. an S3 store; see the README)
+    /// Tier configuration as JSON (e.g. an S3 store; see docs/configuration.md)
     #[arg(long, value_name = "JSON", conflicts_with = "config_file")]
     pub config: Option<String>,
 

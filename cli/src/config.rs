@@ -16,7 +16,7 @@ enum ConfigCommand {
     /// Print every configuration key: type, default, allowed values and meaning
     ///
     /// JSON by default (the document kvt_config_schema returns); --markdown prints the
-    /// README's configuration tables.
+    /// configuration tables of docs/configuration.md.
     #[command(verbatim_doc_comment)]
     Schema(SchemaArgs),
 

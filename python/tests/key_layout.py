@@ -1,4 +1,4 @@
-"""kvtier's key layout, restated independently for the tests (``src/key.rs``, the
+"""kvtier's key layout, restated independently for the tests (``core/src/key.rs``,
 docs/stores.md, "Key layout"): where a key's object is, for the checks that read objects
 straight from a store.
 """

@@ -22,6 +22,8 @@
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use aws_lc_rs::hkdf;
 
+use crate::error::{Error, Status};
+
 use super::keyring::{KeyId, Keyring, Secret, KEY_BYTES, KEY_ID_MAX};
 
 /// The first bytes of every encrypted object (the format's version is its last two).
@@ -81,14 +83,20 @@ impl std::fmt::Display for OpenError {
     }
 }
 
-/// A header for a new object under the keyring's write key, with a fresh salt.
-pub(crate) fn new_header(id: &KeyId) -> [u8; HEADER_BYTES] {
+/// A header for a new object under the keyring's write key, with a fresh salt. Fails
+/// (`Status::Io`) when the system's random source does: an environment failure, reported as
+/// the store's error, never a panic.
+pub(crate) fn new_header(id: &KeyId) -> Result<[u8; HEADER_BYTES], Error> {
     let mut header = [0u8; HEADER_BYTES];
     header[..MAGIC.len()].copy_from_slice(MAGIC);
     header[MAGIC.len()..MAGIC.len() + KEY_ID_MAX].copy_from_slice(&id.padded());
-    aws_lc_rs::rand::fill(&mut header[MAGIC.len() + KEY_ID_MAX..])
-        .expect("the system's random source failed");
-    header
+    aws_lc_rs::rand::fill(&mut header[MAGIC.len() + KEY_ID_MAX..]).map_err(|_| {
+        Error::new(
+            Status::Io,
+            "encryption: the system's random source failed; the block was not stored",
+        )
+    })?;
+    Ok(header)
 }
 
 /// The key id a header names, if it is a header of this format.
@@ -153,13 +161,18 @@ pub(crate) trait Plaintext {
 #[cfg(test)]
 pub(crate) fn seal(keyring: &Keyring, name: &str, block: &impl Plaintext) -> Vec<u8> {
     let mut object = vec![0u8; sealed_len(block.len())];
-    seal_into(keyring, name, block, &mut object);
+    seal_into(keyring, name, block, &mut object).expect("the random source works in tests");
     object
 }
 
 /// Seals a block into `object`, which must be [`sealed_len`] bytes; every byte of it is
-/// written.
-pub(crate) fn seal_into(keyring: &Keyring, name: &str, block: &impl Plaintext, object: &mut [u8]) {
+/// written. Fails only when the system's random source does.
+pub(crate) fn seal_into(
+    keyring: &Keyring,
+    name: &str,
+    block: &impl Plaintext,
+    object: &mut [u8],
+) -> Result<(), Error> {
     let (id, master) = keyring.write_key();
     let len = block.len();
     assert_eq!(
@@ -167,7 +180,7 @@ pub(crate) fn seal_into(keyring: &Keyring, name: &str, block: &impl Plaintext, o
         sealed_len(len),
         "an object buffer of the sealed length"
     );
-    let header = new_header(id);
+    let header = new_header(id)?;
     let key = object_key(master, &header);
     let mut aad = SegmentAad::new(name, len, &header);
     object[..HEADER_BYTES].copy_from_slice(&header);
@@ -194,6 +207,7 @@ pub(crate) fn seal_into(keyring: &Keyring, name: &str, block: &impl Plaintext, o
         )
         .expect("buffers of the segment's length");
     }
+    Ok(())
 }
 
 /// The object's bytes after the header, landed in caller memory, as a load opens them.

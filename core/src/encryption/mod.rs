@@ -109,13 +109,14 @@ impl Encryption {
 
     /// Seals a block held by a store job into the object to upload under `name`, in a
     /// buffer that returns to the tier's spares when the upload drops it.
-    pub(crate) fn seal(&self, name: &str, block: &BlockMemory) -> Bytes {
+    /// Fails (`Status::Io`) only when the system's random source does.
+    pub(crate) fn seal(&self, name: &str, block: &BlockMemory) -> Result<Bytes> {
         let mut buffer = self.spares.take(sealed_len(block.len()));
-        format::seal_into(&self.keyring(), name, &HeldBlock(block), &mut buffer);
-        Bytes::from_owner(Spare {
+        format::seal_into(&self.keyring(), name, &HeldBlock(block), &mut buffer)?;
+        Ok(Bytes::from_owner(Spare {
             buffer,
             spares: Arc::downgrade(&self.spares),
-        })
+        }))
     }
 
     /// Opens, in place, a block whose object's header and tags were read beside it.

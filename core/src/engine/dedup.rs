@@ -9,7 +9,7 @@
 //! tier) forgets it at once.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -42,19 +42,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Where the hints' time comes from: the monotonic clock, or a test's own.
+pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
 /// Keys with a value and the time it was learnt, each good for `ttl`; a full map is
 /// cleared (it is a cache, never a truth).
 struct Hints<V> {
     capacity: usize,
     ttl: Duration,
+    clock: Clock,
     map: Mutex<HashMap<Vec<u8>, (Instant, V)>>,
 }
 
 impl<V: Copy> Hints<V> {
-    fn new(capacity: usize, ttl: Duration) -> Self {
+    fn new(capacity: usize, ttl: Duration, clock: Clock) -> Self {
         Hints {
             capacity,
             ttl,
+            clock,
             map: Mutex::default(),
         }
     }
@@ -63,7 +68,7 @@ impl<V: Copy> Hints<V> {
     fn get(&self, key: &[u8]) -> Option<V> {
         let mut map = lock(&self.map);
         let &(learnt, value) = map.get(key)?;
-        if learnt.elapsed() < self.ttl {
+        if (self.clock)().saturating_duration_since(learnt) < self.ttl {
             return Some(value);
         }
         map.remove(key);
@@ -74,7 +79,7 @@ impl<V: Copy> Hints<V> {
         if self.ttl.is_zero() || self.capacity == 0 {
             return;
         }
-        let now = Instant::now();
+        let now = (self.clock)();
         let mut map = lock(&self.map);
         for (key, value) in entries {
             if map.len() >= self.capacity && !map.contains_key(key) {
@@ -98,11 +103,21 @@ impl<V: Copy> Hints<V> {
 
 impl Dedup {
     pub(crate) fn new(mode: DedupMode, capacity: usize, ttl: Duration) -> Self {
+        Self::with_clock(mode, capacity, ttl, Arc::new(Instant::now))
+    }
+
+    /// A dedup whose hints age by `clock`.
+    pub(crate) fn with_clock(
+        mode: DedupMode,
+        capacity: usize,
+        ttl: Duration,
+        clock: Clock,
+    ) -> Self {
         Dedup {
             mode,
-            known: Hints::new(capacity, ttl),
-            corrupt: Hints::new(capacity, ttl),
-            uploaded_crc: Hints::new(capacity, ttl),
+            known: Hints::new(capacity, ttl, clock.clone()),
+            corrupt: Hints::new(capacity, ttl, clock.clone()),
+            uploaded_crc: Hints::new(capacity, ttl, clock),
             uploads: Mutex::default(),
         }
     }
@@ -208,10 +223,18 @@ pub(crate) async fn choose_mode(
 mod tests {
     use super::*;
 
+    /// A clock the test moves by hand.
+    fn manual_clock() -> (Arc<Mutex<Instant>>, Clock) {
+        let now = Arc::new(Mutex::new(Instant::now()));
+        let read = now.clone();
+        (now, Arc::new(move || *read.lock().unwrap()))
+    }
+
     #[test]
     fn a_hint_lasts_its_ttl_and_what_the_store_shows_ends_it() {
         let ttl = Duration::from_millis(100);
-        let dedup = Dedup::new(DedupMode::SkipKnown, 10, ttl);
+        let (now, clock) = manual_clock();
+        let dedup = Dedup::with_clock(DedupMode::SkipKnown, 10, ttl, clock);
         dedup.remember(b"a");
         dedup.remember_upload(b"a", 7);
         assert!(dedup.is_known(b"a"));
@@ -220,12 +243,13 @@ mod tests {
         dedup.forget(b"a");
         assert!(!dedup.is_known(b"a"));
         assert_eq!(dedup.uploaded_crc(b"a"), None);
-        // Time alone ends a hint (the property under test is the passing of time).
+        // Time alone ends a hint: known for the whole ttl, forgotten once it has passed.
         dedup.remember(b"b");
         dedup.mark_corrupt(b"c");
-        let learnt = Instant::now();
-        assert!(dedup.is_known(b"b") || learnt.elapsed() >= ttl);
-        std::thread::sleep(ttl + Duration::from_millis(20));
+        *now.lock().unwrap() += ttl - Duration::from_millis(1);
+        assert!(dedup.is_known(b"b"));
+        assert!(dedup.is_corrupt(b"c"));
+        *now.lock().unwrap() += Duration::from_millis(1);
         assert!(!dedup.is_known(b"b"));
         assert!(!dedup.is_corrupt(b"c"));
     }

@@ -15,7 +15,7 @@ use futures::StreamExt;
 
 use super::events::KvEvent;
 use super::job::KeyBatch;
-use super::Shared;
+use super::TierState;
 use crate::config::EvictionConfig;
 use crate::error::{Error, Result, Status};
 use crate::store::object_path;
@@ -82,7 +82,7 @@ pub fn choose_evictions(
 }
 
 /// Runs rounds every `interval_ms` until the tier shuts down (its runtime drops the task).
-pub(crate) async fn run(shared: Arc<Shared>, config: EvictionConfig) {
+pub(crate) async fn run(shared: Arc<TierState>, config: EvictionConfig) {
     let mut ticks = tokio::time::interval(Duration::from_millis(config.interval_ms));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // the first tick is immediate: the first round waits one interval
@@ -106,7 +106,7 @@ pub(crate) async fn run(shared: Arc<Shared>, config: EvictionConfig) {
 }
 
 /// One round: list, choose, delete, report.
-pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<EvictionReport> {
+pub(crate) async fn round(shared: &TierState, config: &EvictionConfig) -> Result<EvictionReport> {
     let base = shared.layout.base();
     let store = &shared.lookup_store;
     let mut listing = store.list(base);
@@ -164,7 +164,7 @@ pub(crate) async fn round(shared: &Shared, config: &EvictionConfig) -> Result<Ev
 }
 
 /// BlockRemoved events for `keys` (when the tier records events).
-pub(crate) fn emit_removed(shared: &Shared, keys: &[Vec<u8>]) {
+pub(crate) fn emit_removed(shared: &TierState, keys: &[Vec<u8>]) {
     if !shared.config.enable_kv_events || keys.is_empty() {
         return;
     }

@@ -68,16 +68,17 @@ pub(crate) struct ProbeGroup {
     pub probes: Vec<Probe>,
 }
 
-/// An answer: `found` is false also for the keys of a group whose check failed.
+/// A key's existence as the store answered it: `found` is false also for the keys of a
+/// group whose check failed.
 #[derive(Debug, Clone)]
-pub(crate) struct Answer {
+pub(crate) struct Existence {
     pub key: SharedKey,
     pub generation: u64,
     pub found: bool,
 }
 
 /// The lookup state. Owned by whoever calls `lookup` (the scheduler); the I/O side
-/// only sees [`ProbeGroup`]s and sends back [`Answer`]s.
+/// only sees [`ProbeGroup`]s and sends back [`Existence`]s.
 ///
 /// `lookup` runs once per key per scheduler step, so for a key already asked it is one hash
 /// of the key and no allocation, and a new key is allocated once; each request's keys are a
@@ -146,7 +147,7 @@ impl LookupTable {
         groups
     }
 
-    pub(crate) fn apply(&mut self, answers: impl IntoIterator<Item = Answer>) {
+    pub(crate) fn apply(&mut self, answers: impl IntoIterator<Item = Existence>) {
         for answer in answers {
             let Some(entry) = self.entries.get_mut(&answer.key) else {
                 continue;
@@ -196,7 +197,7 @@ impl LookupTable {
 /// Starts checking every group's keys on `lane`; the answers go to `answers_tx` when all
 /// are in. A group (one request's keys of one step) whose check fails anywhere answers
 /// MISS for all its keys. Called on the caller's thread (`schedule_end`).
-pub(crate) fn start_checks(shared: &Arc<super::Shared>, groups: Vec<ProbeGroup>, lane: &Handle) {
+pub(crate) fn start_checks(shared: &Arc<super::TierState>, groups: Vec<ProbeGroup>, lane: &Handle) {
     let keys: Vec<SharedKey> = groups
         .iter()
         .flat_map(|g| g.probes.iter().map(|p| p.key.clone()))
@@ -213,7 +214,7 @@ pub(crate) fn start_checks(shared: &Arc<super::Shared>, groups: Vec<ProbeGroup>,
 /// and hands their verdicts, in order, to `done` when all are in. Called outside the
 /// runtime (`schedule_end`, `check_now`).
 pub(crate) fn spawn_checks(
-    shared: &Arc<super::Shared>,
+    shared: &Arc<super::TierState>,
     keys: Vec<SharedKey>,
     lane: &Handle,
     done: impl FnOnce(Vec<Verdict>) + Send + 'static,
@@ -243,7 +244,7 @@ pub(crate) fn spawn_checks(
 /// What the store answered replaces what the tier remembered: a HIT renews the key's
 /// hint, a MISS forgets it (deleted behind the tier's back), a failed check neither.
 pub(crate) fn learn<'a>(
-    shared: &super::Shared,
+    shared: &super::TierState,
     checked: impl Iterator<Item = (&'a [u8], &'a Verdict)> + Clone,
 ) {
     shared.dedup.remember_all(
@@ -258,7 +259,11 @@ pub(crate) fn learn<'a>(
 }
 
 /// The groups' answers from their keys' verdicts, in order.
-fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdict>) -> Vec<Answer> {
+fn answers(
+    shared: &super::TierState,
+    groups: Vec<ProbeGroup>,
+    verdicts: Vec<Verdict>,
+) -> Vec<Existence> {
     let mut verdicts = verdicts.into_iter();
     let mut answers = Vec::new();
     for group in groups {
@@ -269,7 +274,7 @@ fn answers(shared: &super::Shared, groups: Vec<ProbeGroup>, verdicts: Vec<Verdic
             group.probes.iter().map(|p| &*p.key).zip(checks.iter()),
         );
         let mut checks = checks.into_iter();
-        answers.extend(group.probes.into_iter().map(|probe| Answer {
+        answers.extend(group.probes.into_iter().map(|probe| Existence {
             found: !group_failed && checks.next() == Some(Ok(true)),
             key: probe.key,
             generation: probe.generation,
@@ -283,7 +288,7 @@ pub(crate) type Verdict = std::result::Result<bool, ()>;
 
 /// The checks of a store asked over the network: every key's request in flight at once, up
 /// to `max_inflight_lookups`.
-async fn check_remote(shared: &super::Shared, keys: &[SharedKey]) -> Vec<Verdict> {
+async fn check_remote(shared: &super::TierState, keys: &[SharedKey]) -> Vec<Verdict> {
     let missing_is_forbidden = shared.probe == crate::store::ProbeOutcome::ReadyWithoutList;
     futures::future::join_all(keys.iter().map(|key| async move {
         if shared.dedup.is_corrupt(key) {
@@ -311,7 +316,7 @@ async fn check_remote(shared: &super::Shared, keys: &[SharedKey]) -> Vec<Verdict
 /// on an idle machine a batch takes the time of its share on one core. Returns each
 /// share's task with its number of keys.
 fn check_in_place(
-    shared: &Arc<super::Shared>,
+    shared: &Arc<super::TierState>,
     keys: Vec<SharedKey>,
     lane: &Handle,
 ) -> Vec<(JoinHandle<Vec<Verdict>>, usize)> {
@@ -344,7 +349,7 @@ fn check_in_place(
 }
 
 fn check_now(
-    shared: &super::Shared,
+    shared: &super::TierState,
     checks: &mut crate::store::ExistenceChecks<'_>,
     key: &[u8],
 ) -> Verdict {
@@ -366,7 +371,7 @@ fn check_now(
 
 /// A check's verdict, with its time recorded and a failure counted and logged.
 fn check_done(
-    shared: &super::Shared,
+    shared: &super::TierState,
     started: Instant,
     found: crate::error::Result<bool>,
 ) -> Verdict {
@@ -388,10 +393,10 @@ mod tests {
     use LookupResult::*;
 
     fn answer_all(table: &mut LookupTable, groups: Vec<ProbeGroup>, found: bool) {
-        let answers: Vec<Answer> = groups
+        let answers: Vec<Existence> = groups
             .into_iter()
             .flat_map(|g| g.probes)
-            .map(|p| Answer {
+            .map(|p| Existence {
                 key: p.key,
                 generation: p.generation,
                 found,
@@ -447,7 +452,7 @@ mod tests {
         let mut t = LookupTable::default();
         t.lookup(1, b"k");
         t.request_finished(1); // pending, not in flight: dropped now
-        let stale = Answer {
+        let stale = Existence {
             key: b"k".as_slice().into(),
             generation: 1,
             found: true,

@@ -9,18 +9,18 @@ use object_store::path::Path;
 use object_store::PutPayload;
 
 use super::job::{JobKind, JobResult, KeyBatch};
-use super::Shared;
+use super::TierState;
 use crate::config::{DedupMode, OnCorrupt};
 use crate::encryption::format::segments;
 use crate::encryption::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
 use crate::error::{Error, Result, Status};
 use crate::memory::{BlockMemory, BlockSlot, MemoryLease, OwnedBuffer};
-use crate::store::{object_path, Written};
+use crate::store::{object_path, WriteOutcome};
 
 /// Runs one job to its result: every key is attempted, concurrently, within the tier's
 /// transfer permits.
 pub(crate) async fn run_job(
-    shared: Arc<Shared>,
+    shared: Arc<TierState>,
     kind: JobKind,
     job_id: u64,
     memory: Vec<BlockMemory>,
@@ -123,7 +123,7 @@ pub(crate) async fn run_job(
 /// Stores one block unless the store is known to hold it or an upload of the same key
 /// is already running, in which case the outcome of that upload is shared.
 async fn store_deduplicated(
-    shared: &Shared,
+    shared: &TierState,
     key: &[u8],
     name: &Path,
     block: &BlockMemory,
@@ -162,7 +162,7 @@ async fn store_deduplicated(
 /// Uploads one block; `repair` overwrites whatever the store holds under the name (an
 /// object found corrupt), also in `conditional` mode.
 async fn store_block(
-    shared: &Shared,
+    shared: &TierState,
     key: &[u8],
     name: &Path,
     block: &BlockMemory,
@@ -172,7 +172,7 @@ async fn store_block(
     // Encrypted blocks upload a sealed copy (encrypted from the block, segment by
     // segment); plain ones a view of the caller's memory.
     let body = match &shared.encryption {
-        Some(encryption) => PutPayload::from(encryption.seal(name.as_ref(), block)),
+        Some(encryption) => PutPayload::from(encryption.seal(name.as_ref(), block)?),
         None => lease.payload(block),
     };
     let create = shared.dedup.mode == DedupMode::Conditional && !repair;
@@ -187,7 +187,7 @@ async fn store_block(
         )
         .await?;
     match written {
-        Written::Stored => {
+        WriteOutcome::Stored => {
             if repair {
                 shared.dedup.repaired(key);
             }
@@ -195,7 +195,7 @@ async fn store_block(
                 shared.dedup.remember_upload(key, crc);
             }
         }
-        Written::AlreadyStored => {
+        WriteOutcome::AlreadyStored => {
             shared
                 .stats
                 .dedup_already_stored
@@ -211,7 +211,12 @@ async fn store_block(
 /// the key: it turns MISS for every later lookup of this tier and its next store overwrites
 /// the object. `fail_and_delete` deletes the object only when both reads returned the same
 /// bytes (corrupt in the store); two different wrong reads are corruption in transit.
-async fn load_block(shared: &Shared, key: &[u8], name: &Path, block: &BlockMemory) -> Result<()> {
+async fn load_block(
+    shared: &TierState,
+    key: &[u8],
+    name: &Path,
+    block: &BlockMemory,
+) -> Result<()> {
     let Some(encryption) = &shared.encryption else {
         return load_object(shared, key, name, block, &[]).await;
     };
@@ -282,7 +287,7 @@ async fn load_block(shared: &Shared, key: &[u8], name: &Path, block: &BlockMemor
 
 /// Reads an object into `memory`, verified against its checksum (see `load_block`).
 async fn load_object(
-    shared: &Shared,
+    shared: &TierState,
     key: &[u8],
     name: &Path,
     memory: &BlockMemory,
@@ -344,7 +349,7 @@ async fn load_object(
 /// One read of a block into its slot, checked against the checksum the object records,
 /// or else the one this tier uploaded under the key.
 async fn read_verified(
-    shared: &Shared,
+    shared: &TierState,
     key: &[u8],
     name: &Path,
     slot: &mut BlockSlot,

@@ -11,27 +11,27 @@ use std::future::Future;
 use serde::Deserialize;
 
 /// Error bodies longer than this are passed on unread: no store's error document is near it.
-pub(super) const MAX_ERROR_BODY: usize = 64 << 10;
+pub(crate) const MAX_ERROR_BODY: usize = 64 << 10;
 
 /// A store's answer to a request that did not succeed (HTTP 400 and up).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Answer {
+pub(crate) struct ErrorAnswer {
     pub(crate) status: u16,
     /// The store's error code: Azure's `x-ms-error-code` header where sent, else the
     /// `<Error><Code>` of an XML error body (S3, Azure Blob, GCS's XML API).
     pub(crate) code: Option<String>,
 }
 
-impl Answer {
+impl ErrorAnswer {
     /// The answer of `status`, with the error code its headers or body carry.
-    pub(crate) fn of(status: u16, code_header: Option<&[u8]>, body: &[u8]) -> Answer {
+    pub(crate) fn of(status: u16, code_header: Option<&[u8]>, body: &[u8]) -> ErrorAnswer {
         let code = code_header
             .and_then(|h| std::str::from_utf8(h).ok())
             .map(str::trim)
             .filter(|c| !c.is_empty())
             .map(str::to_string)
             .or_else(|| xml_error_code(body));
-        Answer { status, code }
+        ErrorAnswer { status, code }
     }
 }
 
@@ -59,7 +59,7 @@ pub(crate) fn xml_error_code(body: &[u8]) -> Option<String> {
 
 tokio::task_local! {
     /// The answer of the last exchange of the operation under way in this task.
-    static LAST_ANSWER: RefCell<Option<Answer>>;
+    static LAST_ANSWER: RefCell<Option<ErrorAnswer>>;
 }
 
 /// Runs one store operation and returns its output with the answer of its last HTTP
@@ -68,7 +68,7 @@ tokio::task_local! {
 /// service runs inside the caller's task, so every exchange of `operation` (its retries
 /// too) records into this scope and no other; the last one decides, as it decides the
 /// operation's error.
-pub(crate) async fn observed<F: Future>(operation: F) -> (F::Output, Option<Answer>) {
+pub(crate) async fn observed<F: Future>(operation: F) -> (F::Output, Option<ErrorAnswer>) {
     LAST_ANSWER
         .scope(RefCell::new(None), async move {
             let output = operation.await;
@@ -79,7 +79,7 @@ pub(crate) async fn observed<F: Future>(operation: F) -> (F::Output, Option<Answ
 
 /// Records the outcome of one exchange: its answer, or `None` for a success or a failure
 /// without an answer. Outside [`observed`] there is no one to tell, and nothing is kept.
-pub(crate) fn record(answer: Option<Answer>) {
+pub(crate) fn record(answer: Option<ErrorAnswer>) {
     let _ = LAST_ANSWER.try_with(|last| *last.borrow_mut() = answer);
 }
 
@@ -124,18 +124,18 @@ mod tests {
     #[test]
     fn the_error_code_header_wins_over_the_body() {
         let body = b"<Error><Code>AuthenticationFailed</Code></Error>";
-        let answer = Answer::of(403, Some(b"AuthorizationFailure"), body);
+        let answer = ErrorAnswer::of(403, Some(b"AuthorizationFailure"), body);
         assert_eq!(answer.code.as_deref(), Some("AuthorizationFailure"));
         assert_eq!(
-            Answer::of(403, None, body).code.as_deref(),
+            ErrorAnswer::of(403, None, body).code.as_deref(),
             Some("AuthenticationFailed")
         );
-        assert_eq!(Answer::of(404, None, b"").code, None);
+        assert_eq!(ErrorAnswer::of(404, None, b"").code, None);
     }
 
     #[tokio::test]
     async fn an_operation_sees_the_answer_of_its_last_exchange_only() {
-        let answer = |status| Answer {
+        let answer = |status| ErrorAnswer {
             status,
             code: Some("SlowDown".into()),
         };

@@ -5,7 +5,7 @@ use std::time::Duration;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
-use super::answer::Answer;
+use super::answer::ErrorAnswer;
 use super::DynStore;
 use crate::error::{Error, Status};
 
@@ -14,7 +14,7 @@ use crate::error::{Error, Status};
 pub(crate) struct Failed {
     pub(crate) error: object_store::Error,
     /// The answer of the request's last exchange, when that was an HTTP error status.
-    pub(crate) answer: Option<Answer>,
+    pub(crate) answer: Option<ErrorAnswer>,
 }
 
 impl Failed {
@@ -230,7 +230,7 @@ pub(crate) fn classify(failed: &Failed) -> Status {
 /// The status a store's answer settles: by its error code, else by its HTTP status where
 /// that alone says what happened. Shared by the general client's failures and the direct
 /// path's answers.
-pub(crate) fn status_of_answer(answer: &Answer) -> Option<Status> {
+pub(crate) fn status_of_answer(answer: &ErrorAnswer) -> Option<Status> {
     if let Some(status) = answer
         .code
         .as_deref()
@@ -299,7 +299,7 @@ pub(crate) fn found_by_create(failed: &Failed) -> bool {
 /// `object_store` retries itself (5xx, 408, 429): the caller sends those through it.
 pub(super) fn direct_put_answer(
     path: &Path,
-    answer: Result<(), Answer>,
+    answer: Result<(), ErrorAnswer>,
     create: bool,
 ) -> Option<Result<object_store::PutResult, Failed>> {
     let answer = match answer {
@@ -437,7 +437,7 @@ mod tests {
     #[test]
     fn a_direct_puts_answer_is_read_as_the_general_clients() {
         let path = Path::from("kv/a.bin");
-        let answer = |status, code: Option<&str>| Answer {
+        let answer = |status, code: Option<&str>| ErrorAnswer {
             status,
             code: code.map(str::to_string),
         };
@@ -498,7 +498,7 @@ mod tests {
                 path: "kv/a.bin".into(),
                 source: "exists".into(),
             },
-            answer: status.map(|status| Answer { status, code: None }),
+            answer: status.map(|status| ErrorAnswer { status, code: None }),
         };
         assert!(found_by_create(&already(Some(412))));
         assert!(found_by_create(&already(Some(304))));

@@ -219,7 +219,7 @@ async fn observe_error(response: HttpResponse) -> std::result::Result<HttpRespon
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let (parts, body) = response.into_parts();
     if declared.is_some_and(|bytes| bytes > answer::MAX_ERROR_BODY as u64) {
-        answer::record(Some(answer::Answer::of(
+        answer::record(Some(answer::ErrorAnswer::of(
             status,
             code_header.as_deref(),
             b"",
@@ -228,7 +228,7 @@ async fn observe_error(response: HttpResponse) -> std::result::Result<HttpRespon
     }
     match body.bytes().await {
         Ok(bytes) => {
-            answer::record(Some(answer::Answer::of(
+            answer::record(Some(answer::ErrorAnswer::of(
                 status,
                 code_header.as_deref(),
                 &bytes,

@@ -49,7 +49,7 @@ use tokio::net::TcpStream;
 
 use conn::{Conn, Tls};
 
-use super::answer::Answer;
+use super::answer::{ErrorAnswer, MAX_ERROR_BODY};
 use super::classify::status_of_answer;
 use crate::config::S3Config;
 use crate::error::Status;
@@ -61,8 +61,6 @@ use response::ResponseHead;
 
 /// Largest response head accepted.
 const MAX_RESPONSE_HEAD: usize = 16 << 10;
-/// Largest error body read to keep a connection reusable.
-const MAX_ERROR_BODY: u64 = 64 << 10;
 /// Bytes read per `read()` into the block: small enough that the CRC runs over cached data.
 const READ_PIECE: usize = 512 << 10;
 /// Body reads wake up once this many bytes are buffered (SO_RCVLOWAT), not per segment:
@@ -227,7 +225,7 @@ impl DirectHttp {
         &self,
         name: &str,
         put: PutRequest<'_>,
-    ) -> Result<Result<(), Answer>, DirectError> {
+    ) -> Result<Result<(), ErrorAnswer>, DirectError> {
         let credential = self.credential().await?;
         let mut headers = Vec::with_capacity(4);
         if put.create {
@@ -326,7 +324,7 @@ impl DirectHttp {
             },
         ))
         .await;
-        let mut first: Option<Got> = None;
+        let mut first: Option<GetRead> = None;
         let mut sum = 0;
         for (outcome, len) in outcomes.into_iter().zip(lens) {
             let got = outcome?;
@@ -388,7 +386,7 @@ impl DirectHttp {
         &self,
         request: &[u8],
         exchange: &mut E,
-    ) -> Result<E::Answer, DirectError> {
+    ) -> Result<E::Outcome, DirectError> {
         let pooled = self.pooled();
         let reused = pooled.is_some();
         let mut conn = match pooled {
@@ -457,10 +455,10 @@ impl DirectHttp {
 
 /// One request/response exchange on a connection: what it reads, and into where.
 trait Exchange {
-    type Answer;
+    type Outcome;
     /// Returns the answer and whether the exchange left the connection reusable: framed
     /// without doubt, read to its end, not closed by the server.
-    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Answer, bool)>;
+    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Outcome, bool)>;
 }
 
 /// A ranged GET whose body goes into `dest`: the whole object of `object_len` bytes (when
@@ -472,7 +470,7 @@ struct GetInto<'a> {
 }
 
 impl Exchange for GetInto<'_> {
-    type Answer = GetOutcome;
+    type Outcome = GetOutcome;
     async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(GetOutcome, bool)> {
         get_exchange(conn, request, self).await
     }
@@ -484,8 +482,8 @@ struct PutFrom<'a> {
 }
 
 impl Exchange for PutFrom<'_> {
-    type Answer = Result<(), Answer>;
-    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Answer, bool)> {
+    type Outcome = Result<(), ErrorAnswer>;
+    async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(Self::Outcome, bool)> {
         put_exchange(conn, request, self.body).await
     }
 }
@@ -494,7 +492,7 @@ impl Exchange for PutFrom<'_> {
 struct Head;
 
 impl Exchange for Head {
-    type Answer = u16;
+    type Outcome = u16;
     async fn run(&mut self, conn: &mut Conn, request: &[u8]) -> io::Result<(u16, bool)> {
         head_exchange(conn, request).await
     }
@@ -557,13 +555,13 @@ async fn read_head(conn: &mut Conn, buf: &mut Vec<u8>) -> io::Result<(ResponseHe
 
 /// What a GET read: the checksum the object records, the CRC32C of the bytes read (when
 /// asked for), and the object's ETag.
-struct Got {
+struct GetRead {
     recorded_crc: Option<u32>,
     crc: u32,
     etag: Option<Vec<u8>>,
 }
 
-type GetOutcome = Result<Got, DirectError>;
+type GetOutcome = Result<GetRead, DirectError>;
 
 /// One GET exchange: the body goes straight into `get.dest`. Returns the outcome and
 /// whether the connection can be reused.
@@ -636,7 +634,7 @@ async fn get_exchange(
         set_receive_low_water(conn, 1);
     }
     let reusable = !head.close && surplus.is_empty();
-    let got = Got {
+    let got = GetRead {
         recorded_crc: head.recorded_crc,
         crc: sum,
         etag: head.etag,
@@ -708,8 +706,9 @@ async fn read_answer(
     head: &ResponseHead,
     length: u64,
     early: &[u8],
-) -> io::Result<(Answer, bool)> {
-    if length > MAX_ERROR_BODY {
+) -> io::Result<(ErrorAnswer, bool)> {
+    // Larger error bodies are not read: the connection is not reused.
+    if length > MAX_ERROR_BODY as u64 {
         return Err(io::Error::other(format!(
             "HTTP {} with a {length}-byte body",
             head.status
@@ -722,7 +721,7 @@ async fn read_answer(
     conn.read_exact(&mut body[early.len()..])
         .await
         .map_err(after_head)?;
-    let answer = Answer::of(head.status, None, &body);
+    let answer = ErrorAnswer::of(head.status, None, &body);
     Ok((answer, !head.close && surplus.is_empty()))
 }
 
@@ -734,7 +733,7 @@ async fn put_exchange(
     conn: &mut Conn,
     request: &[u8],
     body: &object_store::PutPayload,
-) -> io::Result<(Result<(), Answer>, bool)> {
+) -> io::Result<(Result<(), ErrorAnswer>, bool)> {
     let mut pieces: Vec<&[u8]> = vec![request];
     pieces.extend(body.iter().map(|piece| piece.as_ref()));
     conn.write_all_pieces(&pieces).await?;
@@ -744,7 +743,7 @@ async fn put_exchange(
     let stored = (200..300).contains(&head.status);
     let (answer, reusable) = match head.content_length.filter(|_| !head.transfer_encoding) {
         Some(length) => read_answer(conn, &head, length, early).await?,
-        None => (Answer::of(head.status, None, early), false),
+        None => (ErrorAnswer::of(head.status, None, early), false),
     };
     // A server that refused the PUT may have answered before reading the whole body, and
     // would read the rest as a next request: only a success leaves the connection reusable.
@@ -764,284 +763,4 @@ async fn head_exchange(conn: &mut Conn, request: &[u8]) -> io::Result<(u16, bool
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use object_store::StaticCredentialProvider;
-    use std::collections::VecDeque;
-    use tokio::net::TcpListener;
-
-    fn s3(endpoint: &str) -> S3Config {
-        serde_json::from_value(
-            serde_json::json!({"bucket": "examplebucket", "endpoint_override": endpoint}),
-        )
-        .unwrap()
-    }
-
-    fn provider() -> AwsCredentialProvider {
-        let credential = AwsCredential {
-            key_id: "AKIAIOSFODNN7EXAMPLE".into(),
-            secret_key: "secret".into(),
-            token: None,
-        };
-        Arc::new(StaticCredentialProvider::new(credential))
-    }
-
-    #[test]
-    fn only_path_style_http_and_https_endpoints_take_the_direct_path() {
-        let make = |endpoint: &str, edit: &dyn Fn(&mut S3Config)| {
-            let mut config = s3(endpoint);
-            edit(&mut config);
-            DirectHttp::new(&config, endpoint, "us-east-1", provider())
-                .map(|d| d.target.address.clone())
-        };
-        let none = |_: &mut S3Config| {};
-        assert_eq!(
-            make("http://127.0.0.1:9000", &none).as_deref(),
-            Some("127.0.0.1:9000")
-        );
-        assert_eq!(make("http://minio/", &none).as_deref(), Some("minio:80"));
-        assert_eq!(make("http://[::1]", &none).as_deref(), Some("[::1]:80"));
-        assert_eq!(
-            make("http://[::1]:9000", &none).as_deref(),
-            Some("[::1]:9000")
-        );
-        assert_eq!(
-            make("https://127.0.0.1:9000", &|c| c.allow_http = false).as_deref(),
-            Some("127.0.0.1:9000")
-        );
-        assert_eq!(
-            make("https://s3.example.com", &none).as_deref(),
-            Some("s3.example.com:443")
-        );
-        assert_eq!(
-            make("https://127.0.0.1:9000", &|c| c.ca_bundle =
-                "/nonexistent/ca.pem".into()),
-            None
-        );
-        assert_eq!(make("https://gateway:8443/s3", &none), None);
-        assert_eq!(make("http://gateway:8080/s3", &none), None);
-        assert_eq!(make("http://127.0.0.1:9000\r\nX: 1", &none), None);
-        assert_eq!(
-            make("http://127.0.0.1:9000", &|c| c.direct_http = false),
-            None
-        );
-        assert_eq!(
-            make("http://127.0.0.1:9000", &|c| c.use_virtual_addressing =
-                true),
-            None
-        );
-        assert_eq!(
-            make("http://127.0.0.1:9000", &|c| c.allow_http = false),
-            None
-        );
-        let config = s3("http://127.0.0.1:9000");
-        assert!(
-            DirectHttp::new(&config, "http://127.0.0.1:9000", "us-east-1\n", provider()).is_none()
-        );
-    }
-
-    /// One scripted answer: bytes sent at once, then bytes sent after a pause.
-    struct Answer {
-        now: Vec<u8>,
-        later: Vec<u8>,
-    }
-
-    fn answer(now: &str) -> Answer {
-        Answer {
-            now: now.as_bytes().to_vec(),
-            later: Vec::new(),
-        }
-    }
-
-    /// A server that answers each request head with the next scripted answer, and records
-    /// which connection (by accept order) carried each request.
-    struct Scripted {
-        direct: Arc<DirectHttp>,
-        served: Arc<Mutex<Vec<(usize, String)>>>,
-    }
-
-    async fn scripted(answers: Vec<Answer>) -> Scripted {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let answers = Arc::new(Mutex::new(VecDeque::from(answers)));
-        let served = Arc::new(Mutex::new(Vec::new()));
-        let record = served.clone();
-        tokio::spawn(async move {
-            for id in 0.. {
-                let (mut conn, _) = listener.accept().await.unwrap();
-                let answers = answers.clone();
-                let record = record.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    loop {
-                        let mut piece = [0u8; 4096];
-                        let n = conn.read(&mut piece).await.unwrap_or(0);
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&piece[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                        buf.drain(..end + 4);
-                        let line = head.lines().next().unwrap_or_default().to_string();
-                        record.lock().unwrap().push((id, line));
-                        let Some(answer) = answers.lock().unwrap().pop_front() else {
-                            return;
-                        };
-                        if conn.write_all(&answer.now).await.is_err() {
-                            return;
-                        }
-                        if !answer.later.is_empty() {
-                            tokio::time::sleep(Duration::from_millis(30)).await;
-                            let _ = conn.write_all(&answer.later).await;
-                        }
-                    }
-                });
-            }
-        });
-        let direct = DirectHttp::new(&s3(&endpoint), &endpoint, "us-east-1", provider()).unwrap();
-        Scripted { direct, served }
-    }
-
-    impl Scripted {
-        /// The connection each request went on.
-        fn connections(&self) -> Vec<usize> {
-            self.served
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(id, _)| *id)
-                .collect()
-        }
-    }
-
-    const OK_10: &str = "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
-                         Content-Range: bytes 0-9/10\r\nx-amz-meta-kvtier-crc32c: 0000beef\r\n\r\n\
-                         0123456789";
-
-    async fn get(s: &Scripted) -> Result<(Option<u32>, u32), DirectError> {
-        let mut block = [0u8; 10];
-        let got = s
-            .direct
-            .get_into("kv/a", &mut BlockSlot::of_buffer(&mut block), true, true)
-            .await;
-        if got.is_ok() {
-            assert_eq!(&block, b"0123456789");
-        }
-        got
-    }
-
-    #[tokio::test]
-    async fn clean_exchanges_reuse_one_connection() {
-        let s = scripted(vec![
-            answer(OK_10),
-            answer("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"),
-            answer(
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 44\r\n\r\n\
-                 <Error><Code>NoSuchKey</Code></Error>\n\n\n\n\n\n\n",
-            ),
-            answer("HTTP/1.1 404 Not Found\r\nConnection: keep-alive\r\n\r\n"),
-            answer(OK_10),
-        ])
-        .await;
-        assert_eq!(
-            get(&s).await.unwrap(),
-            (Some(0xbeef), crc32c::crc32c(b"0123456789"))
-        );
-        assert!(s.direct.exists("kv/a", false).await.unwrap());
-        assert!(matches!(
-            get(&s).await,
-            Err(DirectError::Final(Status::NotFound, _))
-        ));
-        assert!(!s.direct.exists("kv/b", false).await.unwrap());
-        get(&s).await.unwrap();
-        assert_eq!(s.connections(), [0, 0, 0, 0, 0]);
-        let served = s.served.lock().unwrap().clone();
-        assert_eq!(served[0].1, "GET /examplebucket/kv/a HTTP/1.1");
-        assert_eq!(served[1].1, "HEAD /examplebucket/kv/a HTTP/1.1");
-    }
-
-    #[tokio::test]
-    async fn unread_bytes_or_close_retire_the_connection() {
-        let s = scripted(vec![
-            // Bytes after the body, read with it.
-            answer(&format!("{OK_10}HTTP/1.1 200 OK\r\n")),
-            // Bytes after the body that arrive later: found when the connection is taken.
-            Answer {
-                now: OK_10.as_bytes().to_vec(),
-                later: b"junk".to_vec(),
-            },
-            // Bytes after a HEAD's head.
-            answer("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789"),
-            // An error body followed by more bytes.
-            answer("HTTP/1.1 503 Slow Down\r\nContent-Length: 2\r\n\r\nabcd"),
-            // close anywhere in the Connection list.
-            answer("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n"),
-            answer(OK_10),
-        ])
-        .await;
-        get(&s).await.unwrap();
-        get(&s).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(s.direct.exists("kv/a", false).await.unwrap());
-        assert!(matches!(get(&s).await, Err(DirectError::Fallback(_))));
-        assert!(s.direct.exists("kv/a", false).await.unwrap());
-        get(&s).await.unwrap();
-        assert_eq!(s.connections(), [0, 1, 2, 3, 4, 5]);
-    }
-
-    #[tokio::test]
-    async fn ambiguous_answers_fall_back_and_retire_the_connection() {
-        let s = scripted(vec![
-            answer(
-                "HTTP/1.1 206 Partial Content\r\nTransfer-Encoding: chunked\r\n\r\n\
-                 a\r\n0123456789\r\n0\r\n\r\n",
-            ),
-            answer(
-                "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
-                 Content-Length: 11\r\n\r\n0123456789",
-            ),
-            answer(
-                "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
-                 Transfer-Encoding: chunked\r\n\r\n",
-            ),
-            answer("HTTP/1.1 206 Partial Content\r\nContent-Length: +10\r\n\r\n0123456789"),
-            answer("HTTP/1.0 206 Partial Content\r\nContent-Length: 10\r\n\r\n0123456789"),
-            answer("HTTP/1.1 206 Partial Content\r\n\r\n0123456789"),
-            answer("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
-            answer(OK_10),
-        ])
-        .await;
-        for case in 0..6 {
-            assert!(
-                matches!(get(&s).await, Err(DirectError::Fallback(_))),
-                "case {case}"
-            );
-        }
-        assert!(matches!(
-            s.direct.exists("kv/a", false).await,
-            Err(DirectError::Fallback(_))
-        ));
-        get(&s).await.unwrap();
-        assert_eq!(s.connections(), [0, 1, 2, 3, 4, 5, 6, 7]);
-    }
-
-    #[tokio::test]
-    async fn a_body_of_another_length_fails_the_key() {
-        let s = scripted(vec![
-            answer(
-                "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
-                 Content-Range: bytes 0-9/44\r\n\r\n0123456789",
-            ),
-            answer("HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n0123456789ab"),
-            answer(OK_10),
-        ])
-        .await;
-        assert!(matches!(get(&s).await, Err(DirectError::WrongLength(44))));
-        assert!(matches!(get(&s).await, Err(DirectError::WrongLength(12))));
-        get(&s).await.unwrap();
-        assert_eq!(s.connections(), [0, 1, 2]);
-    }
-}
+mod tests;
