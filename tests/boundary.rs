@@ -21,10 +21,9 @@ const UNGUARDED: &[(&str, &str)] = &[(
 
 /// Every function of the C ABI's sources, (name, file, text), the exports among them.
 fn functions() -> Vec<(String, String, String)> {
-    let start = Regex::new(
-        r#"(?m)^(?:pub(?:\(crate\))? )?(?:unsafe )?(?:extern "C" )?fn ([a-z_]+)"#,
-    )
-    .unwrap();
+    let start =
+        Regex::new(r#"(?m)^(?:pub(?:\(crate\))? )?(?:unsafe )?(?:extern "C" )?fn ([a-z_]+)"#)
+            .unwrap();
     read_functions(&start)
 }
 
