@@ -22,6 +22,7 @@ pub use crate::redact::Secret;
 use endpoint::parse_endpoint;
 pub(crate) use endpoint::Endpoint;
 use stores::parse_store;
+pub(crate) use stores::ClientSettings;
 pub use stores::{
     AzureConfig, ChecksumPolicy, FsyncPolicy, GcsConfig, LocalConfig, MemoryConfig, S3Config,
     StoreConfig,

@@ -62,6 +62,59 @@ pub enum FsyncPolicy {
 #[non_exhaustive]
 pub struct MemoryConfig {}
 
+/// Declares a store's settings struct with the keys every HTTP store's client takes (S3,
+/// Azure Blob, GCS): written once here, with their defaults and docs, rather than in each
+/// struct. (A flattened struct would say it once too, but serde cannot flatten into a
+/// struct that refuses unknown keys, and unknown keys must be errors that name the key.)
+/// The published schema lists keys by name, so where they are declared does not show.
+macro_rules! with_client_settings {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            $($(#[$field_attr:meta])* pub $field:ident: $type:ty,)*
+        }
+    ) => {
+        $(#[$attr])*
+        pub struct $name {
+            $($(#[$field_attr])* pub $field: $type,)*
+            /// PEM file of extra trusted CA certificates.
+            #[serde(default)]
+            pub ca_bundle: String,
+            /// Milliseconds a connection may take to open.
+            #[serde(default = "default_connect_timeout_ms")]
+            pub connect_timeout_ms: u64,
+            /// Milliseconds one request may take, its body included.
+            #[serde(default = "default_request_timeout_ms")]
+            pub request_timeout_ms: u64,
+            /// Retries per request for 5xx, throttling, timeouts and connection resets.
+            #[serde(default = "default_max_retries")]
+            pub max_retries: usize,
+        }
+
+        impl $name {
+            /// The client settings, as the store's HTTP client takes them.
+            pub(crate) fn client_settings(&self) -> ClientSettings<'_> {
+                ClientSettings {
+                    ca_bundle: &self.ca_bundle,
+                    connect_timeout_ms: self.connect_timeout_ms,
+                    request_timeout_ms: self.request_timeout_ms,
+                    max_retries: self.max_retries,
+                }
+            }
+        }
+    };
+}
+
+/// The settings of an HTTP store's client, the same keys for S3, Azure Blob and GCS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientSettings<'a> {
+    pub(crate) ca_bundle: &'a str,
+    pub(crate) connect_timeout_ms: u64,
+    pub(crate) request_timeout_ms: u64,
+    pub(crate) max_retries: usize,
+}
+
+with_client_settings! {
 /// S3 settings. Key names follow vLLM's `store_config`, so a vLLM user can paste theirs.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -90,9 +143,6 @@ pub struct S3Config {
     /// Session token of temporary credentials, given with `access_key` and `secret_key`.
     #[serde(default)]
     pub session_token: Secret,
-    /// PEM file of extra trusted CA certificates.
-    #[serde(default)]
-    pub ca_bundle: String,
     /// false (default): path-style requests, as MinIO, Ceph and most gateways need.
     #[serde(default, deserialize_with = "bool_or_word")]
     #[schemars(with = "bool")]
@@ -110,15 +160,6 @@ pub struct S3Config {
     #[serde(default)]
     #[schemars(example = &"8")]
     pub num_threads: Option<serde_json::Value>,
-    /// Milliseconds a connection may take to open.
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
-    /// Milliseconds one request may take, its body included.
-    #[serde(default = "default_request_timeout_ms")]
-    pub request_timeout_ms: u64,
-    /// Retries per request for 5xx, throttling, timeouts and connection resets.
-    #[serde(default = "default_max_retries")]
-    pub max_retries: usize,
     /// Sign payloads (SHA-256 of the body). Off by default: integrity comes from TLS and
     /// kvtier's own checksums, and hashing every block costs CPU.
     #[serde(default, deserialize_with = "bool_or_word")]
@@ -166,6 +207,7 @@ pub struct S3Config {
     /// per object.
     #[serde(default = "default_store_part_bytes")]
     pub store_part_bytes: u64,
+}
 }
 
 fn default_load_part_bytes() -> u64 {
@@ -250,6 +292,7 @@ impl<'de> Deserialize<'de> for StoreConfig {
     }
 }
 
+with_client_settings! {
 /// Azure Blob Storage settings.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -274,20 +317,10 @@ pub struct AzureConfig {
     /// says http.
     #[serde(default)]
     pub endpoint: String,
-    /// PEM file of extra trusted CA certificates.
-    #[serde(default)]
-    pub ca_bundle: String,
-    /// Milliseconds a connection may take to open.
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
-    /// Milliseconds one request may take, its body included.
-    #[serde(default = "default_request_timeout_ms")]
-    pub request_timeout_ms: u64,
-    /// Retries per request for 5xx, throttling, timeouts and connection resets.
-    #[serde(default = "default_max_retries")]
-    pub max_retries: usize,
+}
 }
 
+with_client_settings! {
 /// Google Cloud Storage settings.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -305,18 +338,7 @@ pub struct GcsConfig {
     /// the service-account file's `gcs_base_url`, else `https://storage.googleapis.com`.
     #[serde(default)]
     pub endpoint: String,
-    /// PEM file of extra trusted CA certificates.
-    #[serde(default)]
-    pub ca_bundle: String,
-    /// Milliseconds a connection may take to open.
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
-    /// Milliseconds one request may take, its body included.
-    #[serde(default = "default_request_timeout_ms")]
-    pub request_timeout_ms: u64,
-    /// Retries per request for 5xx, throttling, timeouts and connection resets.
-    #[serde(default = "default_max_retries")]
-    pub max_retries: usize,
+}
 }
 
 impl AzureConfig {
@@ -331,11 +353,7 @@ impl AzureConfig {
                 "store.access_key and store.sas are both set; give one (or neither, to use the Azure credential chain)",
             ));
         }
-        check_client_limits(
-            self.connect_timeout_ms,
-            self.request_timeout_ms,
-            self.max_retries,
-        )?;
+        self.client_settings().check()?;
         self.account_endpoint().map(drop)
     }
 
@@ -359,11 +377,7 @@ impl GcsConfig {
         if self.bucket.is_empty() {
             return Err(Error::config("store.bucket is empty"));
         }
-        check_client_limits(
-            self.connect_timeout_ms,
-            self.request_timeout_ms,
-            self.max_retries,
-        )?;
+        self.client_settings().check()?;
         if !self.endpoint.is_empty() {
             full_url("endpoint", &self.endpoint)?;
         }
@@ -371,27 +385,27 @@ impl GcsConfig {
     }
 }
 
-fn check_client_limits(
-    connect_timeout_ms: u64,
-    request_timeout_ms: u64,
-    max_retries: usize,
-) -> Result<()> {
-    for (name, value) in [
-        ("connect_timeout_ms", connect_timeout_ms),
-        ("request_timeout_ms", request_timeout_ms),
-    ] {
-        if value == 0 {
+impl ClientSettings<'_> {
+    /// Timeouts of at least a millisecond, at most 100 retries.
+    fn check(&self) -> Result<()> {
+        for (name, value) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(Error::config(format!(
+                    "store.{name} is 0; it must be at least 1 (milliseconds)"
+                )));
+            }
+        }
+        if self.max_retries > 100 {
             return Err(Error::config(format!(
-                "store.{name} is 0; it must be at least 1 (milliseconds)"
+                "store.max_retries is {}; it must be 0..=100",
+                self.max_retries
             )));
         }
+        Ok(())
     }
-    if max_retries > 100 {
-        return Err(Error::config(format!(
-            "store.max_retries is {max_retries}; it must be 0..=100"
-        )));
-    }
-    Ok(())
 }
 
 /// An endpoint setting that must be a full URL (`http[s]://host[:port][/path]`).
@@ -430,11 +444,7 @@ impl S3Config {
                 "store.session_token needs store.access_key and store.secret_key (the temporary credentials it belongs to)",
             ));
         }
-        check_client_limits(
-            self.connect_timeout_ms,
-            self.request_timeout_ms,
-            self.max_retries,
-        )?;
+        self.client_settings().check()?;
         if self.load_part_bytes != 0 && self.load_part_bytes < MIN_LOAD_PART_BYTES {
             return Err(Error::config(format!(
                 "store.load_part_bytes is {}; it must be 0 (one GET per object) or at least {MIN_LOAD_PART_BYTES}",

@@ -28,12 +28,7 @@ pub(super) fn open(
     endpoint: &Endpoint,
 ) -> Result<(DynStore, Arc<RetryLedger>)> {
     let allow_http = !endpoint.tls();
-    let options = client_options(
-        azure.connect_timeout_ms,
-        azure.request_timeout_ms,
-        allow_http,
-        &azure.ca_bundle,
-    )?;
+    let options = client_options(azure.client_settings(), allow_http)?;
     // Explicit credentials leave the environment out: an AZURE_STORAGE_TOKEN there would
     // otherwise win over the configured key.
     let builder = if !azure.access_key.is_empty() {
@@ -54,7 +49,7 @@ pub(super) fn open(
         .with_endpoint(endpoint.url())
         .with_allow_http(allow_http)
         .with_client_options(options)
-        .with_retry(retry_config(azure.request_timeout_ms, azure.max_retries))
+        .with_retry(retry_config(azure.client_settings()))
         .build()
         .map_err(|e| {
             Error::config(format!(

@@ -70,12 +70,7 @@ pub(crate) fn base_endpoint(gcs: &GcsConfig) -> Result<Endpoint> {
 
 pub(super) fn open(gcs: &GcsConfig, endpoint: &Endpoint) -> Result<GcsStore> {
     let url = endpoint.url();
-    let options = client_options(
-        gcs.connect_timeout_ms,
-        gcs.request_timeout_ms,
-        !endpoint.tls(),
-        &gcs.ca_bundle,
-    )?;
+    let options = client_options(gcs.client_settings(), !endpoint.tls())?;
     // An explicit file leaves the environment out (a GOOGLE_SERVICE_ACCOUNT_KEY there
     // would otherwise make the builder refuse two service accounts).
     let mut builder = if gcs.service_account.is_empty() {
@@ -91,7 +86,7 @@ pub(super) fn open(gcs: &GcsConfig, endpoint: &Endpoint) -> Result<GcsStore> {
         .with_bucket_name(&gcs.bucket)
         .with_client_options(options.clone())
         .with_http_connector(connector)
-        .with_retry(retry_config(gcs.request_timeout_ms, gcs.max_retries))
+        .with_retry(retry_config(gcs.client_settings()))
         .build()
         .map_err(|e| {
             Error::config(format!(

@@ -16,25 +16,24 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use super::answer;
+use crate::config::ClientSettings;
 use crate::error::{Error, Result};
 
 /// Client options for an endpoint; `allow_http` when plain http is allowed.
 pub(super) fn client_options(
-    connect_timeout_ms: u64,
-    request_timeout_ms: u64,
+    settings: ClientSettings<'_>,
     allow_http: bool,
-    ca_bundle: &str,
 ) -> Result<ClientOptions> {
     let mut options = ClientOptions::new()
         // Many HTTP/1.1 connections rather than one multiplexed HTTP/2 connection.
         // reqwest sets TCP_NODELAY on every connection by default.
         .with_http1_only()
-        .with_connect_timeout(Duration::from_millis(connect_timeout_ms))
-        .with_timeout(Duration::from_millis(request_timeout_ms))
+        .with_connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+        .with_timeout(Duration::from_millis(settings.request_timeout_ms))
         .with_pool_max_idle_per_host(1024)
         .with_allow_http(allow_http);
-    if !ca_bundle.is_empty() {
-        for cert in load_ca_bundle(ca_bundle)? {
+    if !settings.ca_bundle.is_empty() {
+        for cert in load_ca_bundle(settings.ca_bundle)? {
             options = options.with_root_certificate(cert);
         }
     }
@@ -42,7 +41,12 @@ pub(super) fn client_options(
 }
 
 /// Exponential backoff with jitter for 5xx, throttling, timeouts and resets.
-pub(super) fn retry_config(request_timeout_ms: u64, max_retries: usize) -> RetryConfig {
+pub(super) fn retry_config(settings: ClientSettings<'_>) -> RetryConfig {
+    let ClientSettings {
+        request_timeout_ms,
+        max_retries,
+        ..
+    } = settings;
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(50),

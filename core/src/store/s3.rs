@@ -39,18 +39,13 @@ pub(super) struct S3Store {
 
 pub(super) fn open(s3: &S3Config, endpoint: Option<&Endpoint>) -> Result<S3Store> {
     let resolved = resolve_credentials(s3, &|name| std::env::var(name).ok())?;
-    let options = client_options(
-        s3.connect_timeout_ms,
-        s3.request_timeout_ms,
-        s3.allow_http,
-        &s3.ca_bundle,
-    )?;
+    let options = client_options(s3.client_settings(), s3.allow_http)?;
     let (connector, retries) = CountingConnector::new();
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(&s3.bucket)
         .with_client_options(options)
         .with_http_connector(connector)
-        .with_retry(retry_config(s3.request_timeout_ms, s3.max_retries))
+        .with_retry(retry_config(s3.client_settings()))
         .with_virtual_hosted_style_request(s3.use_virtual_addressing)
         .with_unsigned_payload(!s3.payload_signing)
         .with_allow_http(s3.allow_http);
