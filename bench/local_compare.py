@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """kvtier's local-directory store side by side with vLLM 0.33's own ``fs`` tier and a naive
-Python loop, on the same disk, with the same keys and the same bytes.
+Python loop, on the same disk, with the same keys and the same bytes. One file because it is
+one comparison: its columns, their runs on one engine setup, and its report.
 
     tools/venv/bin/python bench/local_compare.py            # 256K,2M x 256 MiB x 5 reps, ~2-4 min on 2 cores
     tools/venv/bin/python bench/local_compare.py --sizes 256K,2M,16M --reps 3

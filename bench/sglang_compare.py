@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/sglang_compare.py: kvtier's SGLang HiCache backend side by side with SGLang 0.5.23's
-own storage backends, in one run, through the same backend calls on the same pages.
+own storage backends, in one run, through the same backend calls on the same pages. One
+file because it is one comparison: its backends, their runs through SGLang's calls, its report.
 
     tools/venv/bin/python bench/sglang_compare.py                      # defaults, ~5-10 min on 2 cores
     tools/venv/bin/python bench/sglang_compare.py --pages 4 --batch 2 --passes 1 --layouts page_first

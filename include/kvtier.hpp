@@ -1,4 +1,5 @@
-// kvtier.hpp: header-only C++17 RAII wrapper over the kvtier C ABI (kvtier.h).
+// kvtier.hpp: header-only C++17 RAII wrapper over the kvtier C ABI (kvtier.h). One file
+// because a header-only library is one include: it wraps every export of kvtier.h.
 //
 //   kvtier::Tier tier(R"({"store":{"type":"local","path":"/var/cache/kv"}})");
 //   tier.register_memory(pool, num_blocks, block_bytes);

@@ -1,5 +1,8 @@
 """The low-level binding: one :class:`Tier` per ``kvt_tier`` handle.
 
+One file because it is one idea, the C ABI's tier as a Python object: each method is a
+C function's argument checks and conversions, sharing the handle's lifetime guard.
+
 This mirrors the C ABI (``include/kvtier.h``) closely. Failed calls raise
 :class:`~kvtier.errors.KvtierError` subclasses carrying the status and the
 ``kvt_last_error()`` message. Everything the C side owns (per-key statuses, messages,
