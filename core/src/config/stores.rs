@@ -173,7 +173,7 @@ pub struct S3Config {
     /// block (on https, from rustls's record buffer), stores send a block's pieces (the
     /// ranges it is made of) behind the request head in one `writev`, and existence checks
     /// send HEADs on pooled connections, instead of going through the general HTTP client
-    /// (one copy and ~60 µs of CPU less per request). Unexpected answers are repeated
+    /// (one copy less per request, and less CPU). Unexpected answers are repeated
     /// through the general client; on https the direct path trusts what the general client
     /// trusts. Stores keep to the general client with `payload_signing`, and when the
     /// environment changes its PUTs (`AWS_SERVER_SIDE_ENCRYPTION`, `AWS_SSE_*`,
