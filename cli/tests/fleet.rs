@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_core::{JobKind, LookupResult, Status, Tier};
 use serde_json::{json, Value};
+use support::cli::{json_run, kvtier_with, stderr};
 use support::*;
 
 const BLOCKS: u64 = 32;
@@ -26,26 +27,13 @@ const SHORT_TTL_MS: u64 = 1_500;
 fn run(tier: &Tier, kind: JobKind, job: u64, first: u64) -> kvtier_core::JobResult {
     let blocks: Vec<u64> = (0..BLOCKS).collect();
     let ids: Vec<u64> = (first..first + BLOCKS).collect();
-    tier.submit(kind, job, &blocks, keys(&ids)).unwrap();
-    let mut results = wait_all(tier, 1);
-    results.remove(&job).unwrap()
+    run_job(tier, kind, job, &blocks, &ids)
 }
 
 /// `kvtier gc --older-than 0s` on the tier's prefix, as an operator runs it: its own
 /// process. Returns how many objects it deleted.
 fn gc_everything(config: &str) -> u64 {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(["gc", "--config", config, "--older-than", "0s", "--json"])
-        .output()
-        .expect("the kvtier binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kvtier gc failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("gc --json printed no JSON ({e}): {stdout}"));
+    let report = json_run("gc", config, &["--older-than", "0s"], 0);
     report["deleted_objects"]
         .as_u64()
         .unwrap_or_else(|| panic!("no deleted count in {report}"))
@@ -72,9 +60,7 @@ fn store_again_after_an_outside_delete(store: Value, dedup: &str, ask_first: boo
         }
         Err(e) => panic!("{what}: {}", e.message),
     };
-    let mut pool = Pool::new(BLOCKS, BLOCK);
-    pool.fill_random(0x5eed);
-    pool.register(&a);
+    let pool = Pool::random_registered(&a, BLOCKS, BLOCK, 0x5eed);
     let expected = pool.mem.clone();
 
     // 1. A stores the blocks.
@@ -192,17 +178,24 @@ fn content_of(key: &[u8]) -> Vec<u8> {
     random_bytes(EVICT_BLOCK, seed)
 }
 
-/// The engine a child process plays (a no-op in the parent's own test run): stores
-/// `ENGINE_BLOCKS` keys of its seed, four per job, prints `stored`, keeps its tier (and its
-/// eviction task) running until its standard input closes, then prints its counters.
+/// The engine a child process plays, not a test: [`Engine::spawn`] runs this test binary
+/// with `--ignored --exact engine_process` and the engine's configuration in its
+/// environment. It stores `ENGINE_BLOCKS` keys of its seed, four per job, prints `stored`,
+/// keeps its tier (and its eviction task) running until its standard input closes, then
+/// prints its counters. Run without that environment (`cargo test -- --ignored`), it fails
+/// and says what it is.
 #[test]
+#[ignore = "a child process's entry point, run by the fleet tests themselves"]
 fn engine_process() {
     let (Ok(config), Ok(seed), Ok(blocks)) = (
         std::env::var(ENGINE_CONFIG),
         std::env::var(ENGINE_SEED),
         std::env::var(ENGINE_BLOCKS),
     ) else {
-        return;
+        panic!(
+            "engine_process is the engine process of the eviction tests (*_evicting_engines_share_one_budget), \
+             not a test: they run it with {ENGINE_CONFIG}, {ENGINE_SEED} and {ENGINE_BLOCKS} set"
+        );
     };
     let (seed, blocks): (u64, u64) = (seed.parse().unwrap(), blocks.parse().unwrap());
     let tier = Tier::from_json(&config).unwrap();
@@ -214,9 +207,7 @@ fn engine_process() {
             pool.block_mut(slot as u64)
                 .copy_from_slice(&content_of(&key(id)));
         }
-        tier.submit(JobKind::Store, job + 1, &[0, 1, 2, 3], keys(&ids))
-            .unwrap();
-        let result = wait_all(&tier, 1).remove(&(job + 1)).unwrap();
+        let result = run_job(&tier, JobKind::Store, job + 1, &[0, 1, 2, 3], &ids);
         assert!(result.succeeded(), "{}", result.message);
     }
     println!("{ENGINE_SAYS}stored");
@@ -239,6 +230,7 @@ impl Engine {
     fn spawn(config: &str, seed: u64, blocks: u64) -> Engine {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
+                "--ignored",
                 "--exact",
                 "engine_process",
                 "--nocapture",
@@ -341,21 +333,8 @@ fn evicting_engines_keep_the_namespace_at_its_budget(store: Value) {
     // An operator's gc with the same budget beside them, twice: nothing more goes.
     let gc_config = tier_json(store.clone(), json!({}));
     for _ in 0..2 {
-        let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-            .args([
-                "gc",
-                "--config",
-                &gc_config,
-                "--max-bytes",
-                &budget.to_string(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = kvtier_with("gc", &gc_config, &["--max-bytes", &budget.to_string()]);
+        assert!(out.status.success(), "{}", stderr(&out));
     }
     let after_gc = namespace_blocks(&store, &layout);
     at_budget(&after_gc, "after gc");

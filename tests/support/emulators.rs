@@ -20,8 +20,6 @@
 //!   (`POST /storage/v1/b`), see [`Emulator::new_bucket`].
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +28,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{free_port, manifest_dir, spawn_killed_with_parent, READY_TIMEOUT};
+pub use super::http::http_with_body;
+use super::http::{hmac_sha256, loopback_request, Utc};
+use super::process::{free_port, leak_from_parked_thread, spawn_killed_with_parent, READY_TIMEOUT};
+use super::tools::manifest_dir;
 
 /// Azurite's well-known development account and key (published by Microsoft).
 pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
@@ -77,13 +78,17 @@ impl Emulator {
     /// One Azurite per test process.
     pub fn shared_azurite() -> &'static Emulator {
         static SHARED: OnceLock<&'static Emulator> = OnceLock::new();
-        SHARED.get_or_init(|| leak_from_parked_thread(EmulatorKind::Azurite))
+        SHARED.get_or_init(|| {
+            leak_from_parked_thread("shared-azurite", || Emulator::start(EmulatorKind::Azurite))
+        })
     }
 
     /// One fake-gcs-server per test process.
     pub fn shared_gcs() -> &'static Emulator {
         static SHARED: OnceLock<&'static Emulator> = OnceLock::new();
-        SHARED.get_or_init(|| leak_from_parked_thread(EmulatorKind::Gcs))
+        SHARED.get_or_init(|| {
+            leak_from_parked_thread("shared-gcs", || Emulator::start(EmulatorKind::Gcs))
+        })
     }
 
     /// A fresh emulator on a free port; waits until it answers. A port that another process
@@ -263,28 +268,6 @@ impl Drop for Emulator {
     }
 }
 
-/// Starts the emulator from a thread that never exits, so that PR_SET_PDEATHSIG fires only
-/// when the test process does.
-fn leak_from_parked_thread(kind: EmulatorKind) -> &'static Emulator {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name(format!("shared-{}", kind.name()))
-        .spawn(move || {
-            let emulator: &'static Emulator = Box::leak(Box::new(Emulator::start(kind)));
-            tx.send(emulator).unwrap();
-            loop {
-                std::thread::park();
-            }
-        })
-        .unwrap();
-    rx.recv().unwrap_or_else(|_| {
-        panic!(
-            "{} emulator failed to start (see the panic above)",
-            kind.name()
-        )
-    })
-}
-
 /// Waits until the script has written `env` (it does once the emulator answered HTTP).
 fn wait_for_env(
     child: &mut Child,
@@ -307,43 +290,6 @@ fn wait_for_env(
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-}
-
-/// One plain-HTTP request with a body over a fresh connection; returns the status and body.
-pub fn http_with_body(
-    port: u16,
-    method: &str,
-    path: &str,
-    content_type: &str,
-    body: &[u8],
-) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_secs(2),
-    )?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    s.write_all(body)?;
-    read_answer(s)
-}
-
-fn read_answer(mut s: TcpStream) -> std::io::Result<(u16, String)> {
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 /// One request without a body to Azurite, signed with SharedKey for the development account
@@ -378,36 +324,18 @@ pub fn azure_shared_key_request(
     } else {
         format!("{path}?{}", query.join("&"))
     };
-    let mut s = TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_secs(2),
-    )?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
-    write!(
-        s,
-        "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-ms-date: {date}\r\nx-ms-version: {version}\r\n\
-         Authorization: SharedKey {AZURITE_ACCOUNT}:{signature}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    read_answer(s)
-}
-
-fn hmac_sha256(key: &[u8], data: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut block = [0u8; 64];
-    if key.len() > 64 {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let inner = Sha256::new()
-        .chain_update(block.map(|b| b ^ 0x36))
-        .chain_update(data)
-        .finalize();
-    Sha256::new()
-        .chain_update(block.map(|b| b ^ 0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
+    let headers = format!(
+        "x-ms-date: {date}\r\nx-ms-version: {version}\r\n\
+         Authorization: SharedKey {AZURITE_ACCOUNT}:{signature}\r\n"
+    );
+    loopback_request(
+        port,
+        method,
+        &target,
+        &headers,
+        b"",
+        Duration::from_secs(20),
+    )
 }
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -448,29 +376,14 @@ fn base64_decode(text: &str) -> Vec<u8> {
 
 /// Now as an HTTP date (`Tue, 01 Dec 2026 11:11:28 GMT`).
 fn rfc1123_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][days.rem_euclid(7) as usize];
+    let now = Utc::now();
+    let weekday =
+        ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][now.days.rem_euclid(7) as usize];
     let month = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ][m as usize - 1];
+    ][now.month as usize - 1];
     format!(
-        "{weekday}, {d:02} {month} {y} {:02}:{:02}:{:02} GMT",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{weekday}, {:02} {month} {} {:02}:{:02}:{:02} GMT",
+        now.day, now.year, now.hour, now.minute, now.second
     )
 }
