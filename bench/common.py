@@ -466,7 +466,7 @@ def git_rev() -> str:
         return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True).stdout.strip()
 
     rev = git("rev-parse", "--short", "HEAD") or "?"
-    return rev + (" (+uncommitted changes)" if git("status", "--porcelain", "--", "src", "Cargo.toml") else "")
+    return rev + (" (+uncommitted changes)" if git("status", "--porcelain", "--", "src", "core", "cli", "Cargo.toml") else "")
 
 
 def cpu_now() -> float:

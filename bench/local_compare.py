@@ -805,7 +805,7 @@ def machine_facts(root: Path, lib: Path | None, cli: Path | None) -> dict:
         facts["kvtier"] = kvtier.version()
     with contextlib.suppress(Exception):
         facts["git"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src", "Cargo.toml", "build.rs"], capture_output=True, text=True).stdout.split("\n")
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src", "core", "cli", "Cargo.toml", "build.rs"], capture_output=True, text=True).stdout.split("\n")
         facts["src_uncommitted"] = [line[3:] for line in dirty if line.strip()]
     with contextlib.suppress(OSError):
         built = Path(common.program("lib", required=False) if lib is None else lib).stat().st_mtime

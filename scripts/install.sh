@@ -94,7 +94,7 @@ else
 fi
 [[ -f $LIB ]] || die "$LIB is missing (build it, or drop --no-build)"
 
-VERSION=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")
+VERSION=$(awk -F'"' '/^\[/ { pkg = ($0 == "[workspace.package]") } pkg && /^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")
 [[ $VERSION =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)$ ]] || die "cannot read the version from Cargo.toml (got '$VERSION')"
 MAJOR=${BASH_REMATCH[1]}
 grep -q "^#define KVTIER_VERSION \"$VERSION\"$" "$ROOT/include/kvtier.h" || die "include/kvtier.h is not version $VERSION"

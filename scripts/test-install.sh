@@ -39,7 +39,7 @@ if ! "$ROOT/scripts/install.sh" --prefix "$PREFIX"; then
     echo "0 passed, 1 failed"
     exit 1
 fi
-VERSION=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")
+VERSION=$(awk -F'"' '/^\[/ { pkg = ($0 == "[workspace.package]") } pkg && /^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")
 IFS=. read -r MAJOR MINOR _ <<<"$VERSION"
 
 layout() {

@@ -3,7 +3,7 @@
 The cases are generated from the schema, so a key added to the library is tested here
 without a change to this file, and a key the drop-in cannot pass down (the bug where
 ``transfer_thread_nice`` landed inside ``store``) fails. The C ABI and the command line
-are checked the same way by ``tests/config_schema.rs``.
+are checked the same way by ``cli/tests/config_schema.rs``.
 """
 
 from __future__ import annotations
