@@ -77,8 +77,9 @@ pub extern "C" fn kvt_stats_fields() -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn kvt_config_check(config_json: *const c_char) -> Status {
     guard("kvt_config_check", || {
+        // The keyring too, read as a tier's start reads it.
         // SAFETY: NULL or a NUL-terminated string, by the header's contract.
-        kvtier_core::config::TierConfig::from_json(unsafe { config_text(config_json) }?).map(drop)
+        kvtier_core::check_config(unsafe { config_text(config_json) }?).map(drop)
     })
 }
 

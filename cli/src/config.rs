@@ -45,7 +45,12 @@ pub fn run(args: &ConfigArgs) -> Result<(), Failure> {
             Ok(())
         }
         ConfigCommand::Check(store) => {
-            store.tier_config()?;
+            // The library's check, which kvt_config_check answers with: the keys and their
+            // limits, and the keyring read as a tier's start reads it.
+            let text = store.config_text()?.ok_or_else(|| {
+                Failure::usage("a store is needed: pass --config JSON or --config-file PATH")
+            })?;
+            kvtier_core::check_config(&text).map_err(|e| Failure::usage(e.message))?;
             if store.json() {
                 println!("{}", serde_json::json!({"ok": true}));
             } else {

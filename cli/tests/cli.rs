@@ -410,3 +410,57 @@ fn completions_for_bash_and_zsh() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("tcsh"), "{}", stderr(&out));
 }
+
+#[test]
+fn config_check_reads_the_keyring_as_a_tier_start_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.json");
+    let config = |encryption: Value| {
+        serde_json::json!({"store": {"type": "memory"}, "encryption": encryption}).to_string()
+    };
+    // A keyring file that does not exist: refused as a configuration error, naming it.
+    let out = kvtier(&[
+        "config",
+        "check",
+        "--config",
+        &config(serde_json::json!({"keyring_file": missing})),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "cannot read the keyring file {}",
+            missing.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // A key pasted where the variable's name belongs is not echoed.
+    let key = "q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJA=";
+    let out = kvtier(&[
+        "config",
+        "check",
+        "--config",
+        &config(serde_json::json!({"keyring_env": key})),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("keyring_env") && !stderr(&out).contains(&key[..12]),
+        "{}",
+        stderr(&out)
+    );
+    // The keyring file written: ok.
+    let ring = dir.path().join("keyring.json");
+    std::fs::write(
+        &ring,
+        format!(r#"{{"write": "k1", "keys": {{"k1": "{key}"}}}}"#),
+    )
+    .unwrap();
+    let out = kvtier(&[
+        "config",
+        "check",
+        "--config",
+        &config(serde_json::json!({"keyring_file": ring})),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ok");
+}

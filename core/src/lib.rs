@@ -25,7 +25,7 @@ mod signals;
 pub mod store;
 
 pub use config::TierConfig;
-pub use encryption::ObjectOpener;
+pub use encryption::{check_config, ObjectOpener};
 pub use engine::is_tier_thread;
 pub use engine::{
     choose_evictions, EvictionCandidate, EvictionReason, EvictionReport, JobKind, JobResult,

@@ -21,6 +21,15 @@ from kvtier.vllm import config as vllm_config
 #: adapter derives (namespace); they are not part of ``store_config``.
 KEYWORD_KEYS = {"prefix", "namespace", "enable_kv_events", "locality"}
 
+#: How a check refuses a keyring it cannot read (a qemu-user emulator reports a missing
+#: program as a command that failed).
+KEYRING_UNREAD = (
+    "encryption: cannot read the keyring file ",
+    "encryption: the keyring variable ",
+    "encryption: cannot run the keyring command ",
+    "encryption: the keyring command ",
+)
+
 
 def schema_keys() -> list[dict]:
     return kvtier.config_schema()["keys"]
@@ -98,7 +107,15 @@ def test_the_schema_documents_every_key():
 def test_every_key_passes_through_the_vllm_store_config(store_type, entry):
     store_config = with_key(base_store_config(store_type), entry, sample(entry))
     config = vllm_config.build_tier_config(store_config, prefix="kv", enable_kv_events=True, locality="REMOTE")
-    kvtier.check_config(config)  # raises ConfigError with the library's message
+    try:
+        kvtier.check_config(config)  # raises ConfigError with the library's message
+    except kvtier.ConfigError as e:
+        # The check reads the keyring as a tier's start does, once the keys are accepted:
+        # an encryption key's sample names a keyring file, variable or command this
+        # machine lacks, and only that read may fail.
+        unread = e.message.removeprefix("configuration error: ").startswith(KEYRING_UNREAD)
+        if not (entry["key"].startswith("encryption") and unread):
+            raise
     # The key landed where the library reads it.
     if entry["store"] is None:
         top = entry["key"].split(".")[0]

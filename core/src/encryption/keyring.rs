@@ -1,14 +1,18 @@
 //! Keyrings: the keys a tier encrypts with (one, the write key) and opens with (all of
 //! them), and where they come from. Key material never appears in a message, a log record
-//! or `Debug` output: errors name a key by its id, and a keyring's text by line and column.
+//! or `Debug` output: errors name a key by its id, a keyring's text by line and column, and
+//! a source by its value only when that cannot be a key pasted in its place ([`withheld`]).
 
+use std::fmt;
 use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use zeroize::{Zeroize, Zeroizing};
 
@@ -90,7 +94,42 @@ impl std::fmt::Debug for Keyring {
 #[serde(deny_unknown_fields)]
 struct KeyringText {
     write: String,
-    keys: std::collections::BTreeMap<String, String>,
+    /// Every `"ID": "KEY"` pair as written, an id given twice included (a map would keep
+    /// the last silently).
+    #[serde(deserialize_with = "pairs")]
+    keys: Vec<(String, String)>,
+}
+
+/// A JSON object's pairs, in the order written; those read before an error are wiped.
+fn pairs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<(String, String)>, D::Error> {
+    struct Pairs;
+    impl<'de> Visitor<'de> for Pairs {
+        type Value = Vec<(String, String)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object of key ids and keys")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut pairs = Vec::new();
+            loop {
+                match map.next_entry::<String, String>() {
+                    Ok(Some(pair)) => pairs.push(pair),
+                    Ok(None) => return Ok(pairs),
+                    Err(e) => {
+                        wipe(&mut pairs);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+    deserializer.deserialize_map(Pairs)
+}
+
+fn wipe(pairs: &mut Vec<(String, String)>) {
+    for (mut id, mut encoded) in pairs.drain(..) {
+        id.zeroize();
+        encoded.zeroize();
+    }
 }
 
 const KEYRING_FORM: &str = r#"{"write": "ID", "keys": {"ID": "32 bytes in base64", ...}} (ids: 1 to 24 of A-Z a-z 0-9 . _ -)"#;
@@ -107,17 +146,17 @@ impl Keyring {
                 e.column()
             )
         })?;
+        // Sorted by id (moving the strings, not copying them): an id given twice is then
+        // next to itself.
+        parsed.keys.sort_by(|a, b| a.0.cmp(&b.0));
         let ring = Keyring::from_text(&parsed);
         parsed.write.zeroize();
-        for (mut id, mut encoded) in std::mem::take(&mut parsed.keys) {
-            id.zeroize();
-            encoded.zeroize();
-        }
+        wipe(&mut parsed.keys);
         ring
     }
 
     fn from_text(parsed: &KeyringText) -> Result<Keyring, String> {
-        let mut keys = Vec::with_capacity(parsed.keys.len());
+        let mut keys: Vec<(KeyId, Secret)> = Vec::with_capacity(parsed.keys.len());
         for (position, (id, encoded)) in parsed.keys.iter().enumerate() {
             let key_id = KeyId::new(id).ok_or_else(|| {
                 format!(
@@ -125,6 +164,11 @@ impl Keyring {
                     position + 1
                 )
             })?;
+            if keys.last().is_some_and(|(last, _)| *last == key_id) {
+                return Err(format!(
+                    "key id {key_id:?} is given more than once; each id names one key"
+                ));
+            }
             let bytes = Zeroizing::new(
                 base64::engine::general_purpose::STANDARD
                     .decode(encoded.trim())
@@ -182,22 +226,15 @@ impl std::fmt::Debug for KeySource {
 }
 
 impl KeySource {
-    /// Reads the keyring. The error says where from and why, never what was read.
+    /// Reads the keyring: what a tier's start, its refreshes and the configuration's check
+    /// all call. The error says where from and why, never what was read.
     pub(crate) fn load(&self) -> Result<Keyring, String> {
         let text = Zeroizing::new(match self {
-            KeySource::File(path) => {
-                let file = std::fs::File::open(path)
-                    .map_err(|e| format!("cannot read the keyring file {}: {e}", path.display()))?;
-                let mut text = Vec::new();
-                file.take(MAX_KEYRING_BYTES)
-                    .read_to_end(&mut text)
-                    .map_err(|e| format!("cannot read the keyring file {}: {e}", path.display()))?;
-                text
-            }
+            KeySource::File(path) => read_file(path, &self.value())?,
             KeySource::Env(name) => std::env::var_os(name)
-                .ok_or_else(|| format!("the keyring variable {name} is not set"))?
+                .ok_or_else(|| format!("the keyring variable {} is not set", self.value()))?
                 .into_encoded_bytes(),
-            KeySource::Command(argv) => run_command(argv)?,
+            KeySource::Command(argv) => run_command(argv, &self.value())?,
         });
         Keyring::parse(&text).map_err(|e| format!("{}: {e}", self.describe()))
     }
@@ -205,9 +242,23 @@ impl KeySource {
     /// The source in words, for messages.
     pub(crate) fn describe(&self) -> String {
         match self {
-            KeySource::File(path) => format!("keyring file {}", path.display()),
-            KeySource::Env(name) => format!("keyring variable {name}"),
-            KeySource::Command(argv) => format!("keyring command {:?}", argv[0]),
+            KeySource::File(_) => format!("keyring file {}", self.value()),
+            KeySource::Env(_) => format!("keyring variable {}", self.value()),
+            KeySource::Command(_) => format!("keyring command {}", self.value()),
+        }
+    }
+
+    /// The source's value for messages: the file's path, the variable's name, the
+    /// command's program (quoted; never its arguments, which may hold a token); or, where
+    /// it could be key material, words that stand for it ([`withheld`]).
+    fn value(&self) -> String {
+        match self {
+            KeySource::File(path) => withheld(&path.to_string_lossy(), "keyring_file")
+                .unwrap_or_else(|| path.display().to_string()),
+            KeySource::Env(name) => withheld(name, "keyring_env").unwrap_or_else(|| name.clone()),
+            KeySource::Command(argv) => {
+                withheld(&argv[0], "keyring_command").unwrap_or_else(|| format!("{:?}", argv[0]))
+            }
         }
     }
 
@@ -217,20 +268,107 @@ impl KeySource {
     }
 }
 
-/// Runs a keyring command and returns its standard output. Its standard error is not kept:
-/// it could hold key material.
-fn run_command(argv: &[String]) -> Result<Vec<u8>, String> {
-    let program = &argv[0];
+/// Characters of a run that [`withheld`] withholds: 32 bytes of key are 43 or 44 characters
+/// of base64, 64 of hex; the rule withholds from 32 on, so that a key cut short is too.
+const KEY_LIKE_RUN: usize = 32;
+
+/// Whether a key source's value (a keyring file's path, a variable's name, a command's
+/// program) is kept out of messages and log records: `None` when it may appear, else the
+/// words that stand for it, naming the configuration's key.
+///
+/// The rule: a value is never shown when it holds a run of [`KEY_LIKE_RUN`] or more
+/// characters of the base64 and base64url alphabets (`A-Z a-z 0-9 + / = - _`) with letters
+/// of both cases, or of as many hex digits. A key pasted where its source belongs is such
+/// a run, whole or inside a path: 32 random bytes in base64 mix the cases but for a chance
+/// in billions, and `/` counts as part of a run because base64 uses it. Paths (lower case,
+/// or broken by a dot as in `keyring.json`), variable names (upper case) and programs are
+/// shown as they are; one withheld all the same costs only a message that names the
+/// configuration's key instead of its value.
+fn withheld(value: &str, config_key: &str) -> Option<String> {
+    let (mut run, mut upper, mut lower, mut hex) = (0, false, false, 0);
+    for c in value.chars() {
+        if c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=' | '-' | '_') {
+            run += 1;
+            upper |= c.is_ascii_uppercase();
+            lower |= c.is_ascii_lowercase();
+        } else {
+            (run, upper, lower) = (0, false, false);
+        }
+        hex = if c.is_ascii_hexdigit() { hex + 1 } else { 0 };
+        if (run >= KEY_LIKE_RUN && upper && lower) || hex >= KEY_LIKE_RUN {
+            return Some(format!(
+                "named by encryption.{config_key} (its value not shown: it could be key \
+                 material)"
+            ));
+        }
+    }
+    None
+}
+
+/// Reads a keyring file (`named`: its path for messages). A regular file only: a FIFO, a
+/// socket or a device could block the read for ever, or never end; one is refused at
+/// once, naming its kind. Opened with `O_NONBLOCK`, so that a file swapped for a FIFO
+/// after the check does not block the open either (its type is checked again on the open
+/// file). At most [`MAX_KEYRING_BYTES`].
+fn read_file(path: &Path, named: &str) -> Result<Vec<u8>, String> {
+    let cannot = |e: std::io::Error| format!("cannot read the keyring file {named}: {e}");
+    let regular = |meta: &std::fs::Metadata| match irregular_kind(meta.file_type()) {
+        None => Ok(()),
+        Some(kind) => Err(format!(
+            "the keyring file {named} is not a regular file: it is {kind}"
+        )),
+    };
+    regular(&std::fs::metadata(path).map_err(cannot)?)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    regular(&meta)?;
+    if meta.len() > MAX_KEYRING_BYTES {
+        return Err(format!(
+            "the keyring file {named} is {} bytes; a keyring is at most {MAX_KEYRING_BYTES} bytes",
+            meta.len()
+        ));
+    }
+    let mut text = Vec::new();
+    file.take(MAX_KEYRING_BYTES)
+        .read_to_end(&mut text)
+        .map_err(cannot)?;
+    Ok(text)
+}
+
+/// What a file that is not a regular file is, in words; `None` for a regular file.
+fn irregular_kind(file_type: std::fs::FileType) -> Option<&'static str> {
+    if file_type.is_file() {
+        None
+    } else if file_type.is_dir() {
+        Some("a directory")
+    } else if file_type.is_fifo() {
+        Some("a FIFO")
+    } else if file_type.is_socket() {
+        Some("a socket")
+    } else if file_type.is_char_device() || file_type.is_block_device() {
+        Some("a device")
+    } else {
+        Some("neither a file nor a directory")
+    }
+}
+
+/// Runs a keyring command (`program`: its program for messages) and returns its standard
+/// output. Its standard error is not kept: it could hold key material.
+fn run_command(argv: &[String], program: &str) -> Result<Vec<u8>, String> {
     // Its own process group, so that a timeout ends whatever it started too (a shell's
     // children hold its output open).
-    let mut child = Command::new(program)
+    let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot run the keyring command {program:?}: {e}"))?;
+        .map_err(|e| format!("cannot run the keyring command {program}: {e}"))?;
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let (done_tx, done_rx) = crossbeam_channel::bounded(1);
     let reader = std::thread::spawn(move || {
@@ -249,19 +387,19 @@ fn run_command(argv: &[String]) -> Result<Vec<u8>, String> {
         // The reader ends when the pipe closes; it is not waited for.
         drop(reader);
         return Err(format!(
-            "the keyring command {program:?} did not finish within {} s",
+            "the keyring command {program} did not finish within {} s",
             COMMAND_TIMEOUT.as_secs()
         ));
     }
     let text = reader
         .join()
         .map_err(|_| "the keyring command's reader failed".to_string())?
-        .map_err(|e| format!("cannot read the keyring command {program:?}'s output: {e}"))?;
+        .map_err(|e| format!("cannot read the keyring command {program}'s output: {e}"))?;
     let status = child
         .wait()
-        .map_err(|e| format!("the keyring command {program:?} could not be waited for: {e}"))?;
+        .map_err(|e| format!("the keyring command {program} could not be waited for: {e}"))?;
     if !status.success() {
-        return Err(format!("the keyring command {program:?} failed ({status})"));
+        return Err(format!("the keyring command {program} failed ({status})"));
     }
     Ok(text)
 }
@@ -304,6 +442,77 @@ mod tests {
             let error = Keyring::parse(text.as_bytes()).unwrap_err();
             assert!(!error.contains(&KEY_B[..8]), "{error}");
         }
+    }
+
+    #[test]
+    fn an_id_given_twice_is_refused_naming_it() {
+        let text = format!(
+            r#"{{"write": "b", "keys": {{"b": "{KEY_A}", "a": "{KEY_A}", "b": "{KEY_B}"}}}}"#
+        );
+        let error = Keyring::parse(text.as_bytes()).unwrap_err();
+        assert!(
+            error.contains(r#"key id "b" is given more than once"#),
+            "{error}"
+        );
+        assert!(!error.contains(&KEY_B[..8]), "{error}");
+        // Distinct ids load, whatever their order.
+        let text = format!(r#"{{"write": "b", "keys": {{"b": "{KEY_B}", "a": "{KEY_A}"}}}}"#);
+        assert_eq!(Keyring::parse(text.as_bytes()).unwrap().ids(), ["a", "b"]);
+    }
+
+    #[test]
+    fn source_values_that_could_be_keys_are_not_shown() {
+        let hex = "ab".repeat(32);
+        let url_safe = KEY_B.replace('+', "-").replace('/', "_");
+        let in_a_path = format!("/etc/kvtier/{KEY_B}");
+        for key in [KEY_A, KEY_B, &hex, &url_safe, &in_a_path, &KEY_B[..32]] {
+            let words = withheld(key, "keyring_env").expect("withheld");
+            assert!(words.contains("encryption.keyring_env"), "{words}");
+            let sources = [
+                KeySource::File(key.into()),
+                KeySource::Env(key.into()),
+                KeySource::Command(vec![key.into(), key.into()]),
+            ];
+            for source in sources {
+                let described = format!("{source:?} {}", source.load().unwrap_err());
+                assert!(!described.contains(&key[key.len() - 20..]), "{described}");
+            }
+        }
+        for value in [
+            "/etc/kvtier/keyring.json",
+            "/var/lib/kvtier-keyrings/production/keyring",
+            "KVTIER_PRODUCTION_CLUSTER_KEYRING_JSON",
+            "/usr/local/bin/kvtier-keyring",
+            &KEY_B[..31],
+            &hex[..31],
+        ] {
+            assert_eq!(withheld(value, "keyring_file"), None, "{value}");
+        }
+    }
+
+    #[test]
+    fn only_a_regular_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, kind) in [
+            (dir.path().to_path_buf(), "a directory"),
+            ("/dev/null".into(), "a device"),
+        ] {
+            let error = KeySource::File(path.clone()).load().unwrap_err();
+            assert_eq!(
+                error,
+                format!(
+                    "the keyring file {} is not a regular file: it is {kind}",
+                    path.display()
+                )
+            );
+        }
+        let large = dir.path().join("large.json");
+        std::fs::write(&large, vec![b' '; MAX_KEYRING_BYTES as usize + 1]).unwrap();
+        let error = KeySource::File(large).load().unwrap_err();
+        assert!(
+            error.contains("a keyring is at most 1048576 bytes"),
+            "{error}"
+        );
     }
 
     #[test]

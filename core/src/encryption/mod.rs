@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::config::EncryptionConfig;
+use crate::config::{EncryptionConfig, TierConfig};
 use crate::error::{Error, Result};
 use crate::memory::{BlockMemory, BlockSlot};
 pub(crate) use format::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
@@ -41,23 +41,43 @@ impl std::fmt::Debug for Encryption {
     }
 }
 
+/// Parses and checks a tier configuration as `Tier::new` does before it opens the store:
+/// the JSON, its keys and their limits ([`TierConfig::from_json`]), and with encryption on,
+/// the keyring read and parsed from its source as the tier's start reads it (the same
+/// reads, bounds and messages). What `kvt_config_check` and `kvtier config check` answer;
+/// the store is neither opened nor probed.
+pub fn check_config(json: &str) -> Result<TierConfig> {
+    let config = TierConfig::from_json(json)?;
+    if let Some(encryption) = &config.encryption {
+        read_keyring(encryption)?;
+    }
+    Ok(config)
+}
+
+/// The keyring the configuration names, and its source; a configuration error if it
+/// cannot be read.
+fn read_keyring(config: &EncryptionConfig) -> Result<(KeySource, Keyring)> {
+    let source = if let Some(path) = &config.keyring_file {
+        KeySource::File(path.clone())
+    } else if let Some(name) = &config.keyring_env {
+        KeySource::Env(name.clone())
+    } else if let Some(argv) = &config.keyring_command {
+        KeySource::Command(argv.clone())
+    } else {
+        return Err(Error::config(
+            "encryption needs exactly one of keyring_file, keyring_env and keyring_command",
+        ));
+    };
+    let keyring = source
+        .load()
+        .map_err(|e| Error::config(format!("encryption: {e}")))?;
+    Ok((source, keyring))
+}
+
 impl Encryption {
     /// Reads the keyring the configuration names; a configuration error if it cannot.
     pub(crate) fn open(config: &EncryptionConfig) -> Result<Encryption> {
-        let source = if let Some(path) = &config.keyring_file {
-            KeySource::File(path.clone())
-        } else if let Some(name) = &config.keyring_env {
-            KeySource::Env(name.clone())
-        } else if let Some(argv) = &config.keyring_command {
-            KeySource::Command(argv.clone())
-        } else {
-            return Err(Error::config(
-                "encryption needs exactly one of keyring_file, keyring_env and keyring_command",
-            ));
-        };
-        let keyring = source
-            .load()
-            .map_err(|e| Error::config(format!("encryption: {e}")))?;
+        let (source, keyring) = read_keyring(config)?;
         log::info!(
             "encryption at rest: {} keys from the {}, writing with {:?}",
             keyring.ids().len(),
