@@ -1,58 +1,15 @@
 //! The engine through its Rust API, on the in-memory and local-directory stores.
 
+mod support;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use kvtier_core::key::make_key;
 use kvtier_core::{JobKind, JobResult, KeyBatch, Status, Tier};
+use support::Pool;
 
 const BLOCK: usize = 16 * 1024;
-
-/// A host pool. Once registered, its memory is never freed: the tests declare it after
-/// the tier, so it is dropped first, and a test failing with jobs in flight would
-/// otherwise free memory those jobs still write into.
-struct Pool {
-    mem: Vec<u8>,
-    blocks: u64,
-    registered: bool,
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        if self.registered {
-            std::mem::forget(std::mem::take(&mut self.mem));
-        }
-    }
-}
-
-impl Pool {
-    fn new(blocks: u64) -> Self {
-        Pool {
-            mem: vec![0u8; blocks as usize * BLOCK],
-            blocks,
-            registered: false,
-        }
-    }
-    fn block(&self, i: u64) -> &[u8] {
-        &self.mem[i as usize * BLOCK..(i as usize + 1) * BLOCK]
-    }
-    fn fill_random(&mut self, seed: u64) {
-        let mut x = seed | 1;
-        for b in self.mem.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
-    }
-    fn register(&mut self, tier: &Tier) {
-        self.registered = true;
-        unsafe {
-            tier.register_memory(self.mem.as_mut_ptr(), self.blocks, BLOCK)
-                .unwrap()
-        }
-    }
-}
 
 fn key(i: u64) -> Vec<u8> {
     let mut hash = [0u8; 32];
@@ -84,7 +41,7 @@ fn local_tier(dir: &std::path::Path) -> Tier {
 }
 
 fn round_trip(tier: &Tier) {
-    let mut pool = Pool::new(64);
+    let mut pool = Pool::new(64, BLOCK);
     pool.fill_random(7);
     pool.register(tier);
     let stored: Vec<u64> = (0..32).collect();
@@ -127,7 +84,7 @@ fn round_trip_local_store_uses_vllm_layout() {
 #[test]
 fn missing_key_fails_alone() {
     let tier = memory_tier();
-    let mut pool = Pool::new(8);
+    let mut pool = Pool::new(8, BLOCK);
     pool.fill_random(3);
     pool.register(&tier);
     tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[10, 11, 12]))
@@ -154,7 +111,7 @@ fn missing_key_fails_alone() {
 fn object_of_another_length_fails_that_key() {
     let dir = tempfile::tempdir().unwrap();
     let tier = local_tier(dir.path());
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.fill_random(5);
     pool.register(&tier);
     tier.submit(JobKind::Store, 1, &[0, 1, 2], keys(&[1, 2, 3]))
@@ -182,7 +139,7 @@ fn object_of_another_length_fails_that_key() {
 #[test]
 fn every_job_reported_exactly_once_across_many_polls() {
     let tier = memory_tier();
-    let mut pool = Pool::new(128);
+    let mut pool = Pool::new(128, BLOCK);
     pool.fill_random(11);
     pool.register(&tier);
     let n = 1000u64;
@@ -214,7 +171,7 @@ fn submission_failures_surface_at_next_poll() {
         .submit(JobKind::Store, 1, &[0], keys(&[1]))
         .unwrap_err();
     assert_eq!(e.status, Status::State);
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.register(&tier);
     let e = tier
         .submit(JobKind::Store, 2, &[4], keys(&[1]))
@@ -253,7 +210,7 @@ fn submission_failures_surface_at_next_poll() {
 #[test]
 fn duplicate_in_flight_job_id_is_refused_without_second_result() {
     let tier = memory_tier();
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.register(&tier);
     tier.submit(JobKind::Store, 9, &[0], keys(&[1])).unwrap();
     let e = tier
@@ -275,7 +232,7 @@ fn shutdown_reports_every_job_and_refuses_new_ones() {
         dir.path()
     ))
     .unwrap();
-    let mut pool = Pool::new(64);
+    let mut pool = Pool::new(64, BLOCK);
     pool.fill_random(1);
     pool.register(&tier);
     for job in 0..200u64 {
@@ -308,7 +265,7 @@ fn shutdown_reports_every_job_and_refuses_new_ones() {
 #[test]
 fn ready_fd_is_readable_exactly_while_results_wait() {
     let tier = memory_tier();
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.register(&tier);
     let fd = tier.ready_fd();
     let readable = |timeout_ms: i32| {
@@ -363,7 +320,7 @@ fn bad_config_and_unreachable_store_are_clear_errors() {
 #[test]
 fn drain_times_out_cleanly_and_tier_stays_usable() {
     let tier = memory_tier();
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.register(&tier);
     tier.drain(Duration::from_millis(0)).unwrap();
     tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap();
@@ -395,7 +352,7 @@ fn transfer_threads_take_the_configured_nice_value() {
         r#"{"store":{"type":"memory"},"transfer_thread_nice":7,"runtime_threads":2}"#,
     )
     .unwrap();
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.register(&tier);
     tier.submit(JobKind::Store, 1, &[0], keys(&[1])).unwrap();
     assert!(wait_all(&tier, 1)[&1].succeeded());
@@ -420,7 +377,7 @@ fn transfer_threads_take_the_configured_nice_value() {
 #[test]
 fn a_job_holds_its_blocks_until_its_result_is_polled() {
     let tier = memory_tier();
-    let mut pool = Pool::new(4);
+    let mut pool = Pool::new(4, BLOCK);
     pool.fill_random(11);
     pool.register(&tier);
     // A store naming block 0 twice holds it once; another store may share it.
