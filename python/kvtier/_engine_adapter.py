@@ -13,7 +13,8 @@ library jobs. The engine-specific parts stay in the adapter; these are the share
   fails;
 * metrics: the growth of kvtier's counters between two reports;
 * jobs: submitting one library job (the call for its kind, and what a refusal means: its
-  one failed result still comes), which keys of a finished library job succeeded, and,
+  one failed result still comes, except in a fork() child and for a duplicate id, where
+  none does), which keys of a finished library job succeeded, and,
   for engines whose jobs are asynchronous, one engine job as one library job per key
   length (a library job's keys have one length, an engine's may not), their outcomes
   gathered back into one finished job carrying the keys that succeeded.
@@ -27,7 +28,7 @@ import itertools
 import logging
 from typing import Any, Collection, Iterable, Iterator, Mapping
 
-from .errors import KvtierError, Status
+from .errors import DuplicateJobError, ForkedError, KvtierError, Status
 from .tier import KEY_GROUP_BYTES, JobKind, JobOutcome, Tier
 
 # ---------------------------------------------------------------------------------------
@@ -110,9 +111,13 @@ def submit_library_job(
     two is given).
 
     Returns None when the library took the job, or its refusal: a :class:`KvtierError`
-    whose job still yields its one failed result from :meth:`Tier.poll`. Any other
-    exception (a ``TypeError`` or ``ValueError`` for arguments the binding rejects) means
-    the job never reached the library and no result comes; it propagates."""
+    whose job still yields its one failed result from :meth:`Tier.poll`. Any exception
+    means no result comes and the caller fails the job itself; it propagates: a
+    ``TypeError`` or ``ValueError`` for arguments the binding rejects (the job never
+    reached the library), and the two refusals the C ABI answers with no result:
+    :class:`ForkedError` (a fork() child using its parent's tier) and
+    :class:`DuplicateJobError` (the id already has a result pending: that result is the
+    earlier job's)."""
     try:
         if ranges is None:
             submit = tier.submit_store if kind is JobKind.STORE else tier.submit_load
@@ -120,6 +125,8 @@ def submit_library_job(
         else:
             submit = tier.submit_store_ranges if kind is JobKind.STORE else tier.submit_load_ranges
             submit(job_id, keys, ranges)
+    except (ForkedError, DuplicateJobError):
+        raise
     except KvtierError as exc:
         return exc
     return None
@@ -255,7 +262,14 @@ class JobBook:
     def collect(self, tier: Tier | None) -> list[FinishedJob]:
         """Every job finished since the last call, each exactly once, in finishing order."""
         if tier is not None:
-            for outcome in tier.poll():
+            try:
+                outcomes = tier.poll()
+            except ForkedError:
+                # A fork() child holds its parent's tier: no result of the parent's jobs
+                # will ever come here, so every job this book still waits for fails now.
+                self._fail_pending("the tier belongs to the parent process (fork)")
+                outcomes = []
+            for outcome in outcomes:
                 job_id, part_keys = self._parts.pop(outcome.job_id, (None, ()))
                 pending = self._jobs.get(job_id) if job_id is not None else None
                 if pending is None:
@@ -269,6 +283,15 @@ class JobBook:
                 self._finish_if_done(job_id)
         finished, self._finished = self._finished, []
         return finished
+
+    def _fail_pending(self, why: str) -> None:
+        if self._jobs:
+            self._logger.warning("%d jobs failed: %s", len(self._jobs), why)
+        for job_id, pending in list(self._jobs.items()):
+            pending.ok = False
+            pending.parts = 0
+            self._finish_if_done(job_id)
+        self._parts.clear()
 
     def has_pending(self) -> bool:
         """True while a submitted job has not been returned by :meth:`collect`."""

@@ -11,7 +11,8 @@ valid after the next :meth:`Tier.poll` or :meth:`Tier.take_events`.
 
 Job submission keeps the C contract: with an open tier and a job id that has no result
 pending, every ``submit_*`` call yields exactly one result from :meth:`Tier.poll`, also
-when the call raises :class:`KvtierError` (except :class:`DuplicateJobError`). Errors
+when the call raises :class:`KvtierError` (except :class:`DuplicateJobError`, and
+:class:`ForkedError` in a fork() child using its parent's tier). Errors
 raised *before* the C call (keys of different lengths, block ids that are not
 integers, a closed tier) are ``TypeError``/``ValueError``/``ShutDownError`` and produce
 no result.
@@ -525,7 +526,7 @@ class Tier:
 
         The blocks must not change until the job's result has come out of :meth:`poll`.
         Raises on a rejected job, which still yields its one failed result at the next
-        poll (except :class:`DuplicateJobError`).
+        poll (except :class:`DuplicateJobError` and :class:`ForkedError`).
         """
         self._submit(_lib().kvt_tier_submit_store, job_id, block_ids, keys)
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import select
+import signal
 import uuid
 
 import numpy as np
@@ -321,6 +324,50 @@ def test_shutdown_stops_the_tier_and_is_idempotent(engines):
     assert tier.tier is None and not tier.has_pending_work()
     engine.shutdown()
     tier.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_fork_child_gets_every_job_back_failed(engines):
+    """In a fork() child the parent's tier answers FORKED and yields no result: the
+    adapter must finish the child's jobs itself (failed), and the ones the parent had in
+    flight, or vLLM's manager waits for them forever."""
+    engine = engines()
+    tier = kvtier_tier(engine)
+    engine.store("parent", blocks_for(engine, [chunk_key(i, "fork-parent") for i in range(4)]))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        try:
+            results = []
+            collect = tier.get_finished_jobs
+            tier.get_finished_jobs = lambda: _tap(collect, results)  # what vLLM's manager collects
+            engine.store("child", blocks_for(engine, [chunk_key(i, "fork-child") for i in range(4)]))
+            engine.step()
+            engine.until(lambda: not tier.has_pending_work(), "every job of the child finished")
+            failed = [r for r in results if not r.success]
+            message = "ok" if failed and len(failed) == len(results) else f"results {results}"
+        except BaseException as exc:  # noqa: BLE001
+            message = __import__('traceback').format_exc()
+        os.write(write_end, message.encode())
+        os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 120)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        message = os.read(read_end, 65536).decode() if ready else "the child hung"
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert message == "ok"
+    engine.settle()  # the parent's own tier is untouched by the child
+    assert tier.kvtier_stats()["keys_stored"] == 4
+
+
+def _tap(collect, results: list) -> list:
+    finished = collect()
+    results.extend(finished)
+    return finished
 
 
 # -- metrics and config info --------------------------------------------------------------------

@@ -15,7 +15,7 @@ import time
 from typing import Any, Mapping
 
 from .._engine_adapter import CounterGrowth, FinishedJob, JobBook, closed_on_failure
-from ..errors import ConfigError, KvtierError, TimedOutError
+from ..errors import ConfigError, ForkedError, KvtierError, TimedOutError
 from ..tier import JobKind, Tier
 from ..tier import LookupResult as _KvtLookup
 from ..tier import version as kvtier_version
@@ -259,9 +259,13 @@ class KvtierTier(SecondaryTierBase):
         corrupt object deleted under ``on_corrupt = fail_and_delete``)."""
         if self._tier is None or not self.events_enabled:
             return []
+        try:
+            events = self._tier.take_events()
+        except ForkedError:  # a fork() child: the events are the parent's
+            return []
         return [
             OffloadingEvent(keys=list(e.keys), medium=Medium.STORAGE, removed=e.removed, locality=self.locality)
-            for e in self._tier.take_events()
+            for e in events
         ]
 
     def drain_jobs(self) -> None:
@@ -314,8 +318,12 @@ class KvtierTier(SecondaryTierBase):
         """What kvtier's counters grew by since the last call, and the jobs in flight."""
         if self._tier is None:
             return None
-        grown = self._counters.since_last(self._tier.stats())
-        return metrics.connector_stats(grown, self._tier.jobs_in_flight(), self.tier_type)
+        try:
+            grown = self._counters.since_last(self._tier.stats())
+            in_flight = self._tier.jobs_in_flight()
+        except ForkedError:  # a fork() child: the counters are the parent's
+            return None
+        return metrics.connector_stats(grown, in_flight, self.tier_type)
 
     @classmethod
     def config_info_keys(cls, tier_config: dict) -> tuple:
