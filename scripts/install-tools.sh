@@ -9,6 +9,8 @@
 #                        needed), pytest, NIXL (nixl-cu12, no GPU needed), SGLang 0.5.23
 #                        (--no-deps, on vLLM's torch) and, where the
 #                        machine has none, moto_server
+#   tools/lmcache-site/  LMCache 0.5.6 with --no-deps beside the venv (pip --target), on
+#                        the venv's own torch: the LMCache tests put it on PYTHONPATH
 #   openssl              from Debian, if missing (the TLS tests make certificates with it)
 #   radosgw, ceph-mon,   from Debian (16.2), if missing: Ceph RGW, the third S3 server of the
 #   ceph-osd             tests (scripts/ceph-rgw.sh)
@@ -28,6 +30,7 @@ VLLM_REQUIREMENT="vllm==0.33.0"
 VLLM_VERSION=${VLLM_REQUIREMENT#vllm==}
 NIXL_VERSION=1.5.1
 SGLANG_VERSION=0.5.23
+LMCACHE_VERSION=0.5.6
 PYTHON=${PYTHON:-python3}
 
 say() { echo "install-tools: $*" >&2; }
@@ -85,6 +88,34 @@ fi
 has IPython || pip_install IPython
 has gguf || pip_install gguf
 [[ -x "$TOOLS/venv/bin/ninja" ]] || pip_install ninja
+
+# LMCache, whose own StorageManager loads kvtier's L2 adapter in the Python tests
+# (python/tests/test_lmcache.py). Beside the venv, not in it: --target keeps it out of the
+# venv that vLLM and SGLang share, and --no-deps keeps one torch (the venv's). Of its
+# dependencies the venv lacks only sortedcontainers for the multiprocess-mode code the tests
+# run (the rest it lacks, awscrt, cupy, redis, bigtable..., serve adapters and devices the
+# tests do not use). About 95 MB and 5 s; reinstalled only when this list changes.
+LMCACHE_SITE=$TOOLS/lmcache-site
+LMCACHE_REQUIREMENTS=("lmcache==$LMCACHE_VERSION" "sortedcontainers==2.4.0")
+if [[ "$(cat "$LMCACHE_SITE/.requirements" 2>/dev/null)" != "${LMCACHE_REQUIREMENTS[*]}" ]]; then
+    say "installing ${LMCACHE_REQUIREMENTS[*]} into $LMCACHE_SITE (--no-deps, on the venv's torch)"
+    rm -rf "$LMCACHE_SITE.new"
+    "$VPY" -m pip install --quiet --disable-pip-version-check --no-deps --target "$LMCACHE_SITE.new" \
+        "${LMCACHE_REQUIREMENTS[@]}"
+    echo "${LMCACHE_REQUIREMENTS[*]}" >"$LMCACHE_SITE.new/.requirements"
+    rm -rf "$LMCACHE_SITE"
+    mv "$LMCACHE_SITE.new" "$LMCACHE_SITE"
+fi
+# It must import and start its StorageManager on CPU with the venv's torch (cheap: a few s).
+lmcache_log=$(mktemp)
+if ! LMCACHE_TRACK_USAGE=false PYTHONPATH="$LMCACHE_SITE" "$VPY" "$ROOT/scripts/check-lmcache.py" >"$lmcache_log" 2>&1; then
+    tail -n 30 "$lmcache_log" >&2
+    rm -f "$lmcache_log"
+    say "LMCache $LMCACHE_VERSION does not run on the venv's torch (above)"
+    exit 1
+fi
+say "$(grep '^check-lmcache:' "$lmcache_log")"
+rm -f "$lmcache_log"
 
 # openssl --------------------------------------------------------------------------------
 if ! command -v openssl >/dev/null 2>&1; then
@@ -169,4 +200,4 @@ fi
 # 32 MB), each once, into tools/ (scripts/emulators.sh).
 "$ROOT/scripts/emulators.sh" install
 
-say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version), vllm $VLLM_VERSION"
+say "ok: s3s-fs $("$TOOLS/bin/s3s-fs" --version | cut -d' ' -f2), moto_server $(command -v moto_server || echo "$TOOLS/venv/bin/moto_server"), $("$VPY" --version), vllm $VLLM_VERSION, lmcache $LMCACHE_VERSION"
