@@ -7,6 +7,12 @@ bytes is reset there, part-way through a request or an answer, as a dying load b
 leaves it. Cuts follow the traffic, not the number of connections, so a client that
 reuses one pooled connection meets them as often as one that opens many. ``cuts`` counts
 them. Nothing is parsed: bytes pass as they are.
+
+While ``refuse_puts`` is set, a request that starts with ``PUT `` is answered by the proxy
+itself with S3's 403 AccessDenied and its connection closed, without reaching the server:
+a server that refuses every write and serves every read. (A client sends a request's first
+bytes in a read of their own: it waits for the previous answer first.) ``refused`` counts
+them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ class FaultProxy:
         self.upstream = ("127.0.0.1", upstream_port)
         self.cuts = 0
         self.connections = 0
+        self.refuse_puts = False
+        self.refused = 0
         self._cut_every = 0
         self._next_cut = 0
         self._traffic = 0
@@ -81,6 +89,12 @@ class FaultProxy:
             threading.Thread(target=pair.pump, args=(server, client), daemon=True).start()
 
 
+_DENIED_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+                b"<Message>Access Denied</Message></Error>")
+_ACCESS_DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(_DENIED_BODY) + _DENIED_BODY)
+
+
 class _Pair:
     """Both directions of one proxied connection; either side ending (or a cut) ends both."""
 
@@ -94,6 +108,11 @@ class _Pair:
             while True:
                 data = src.recv(65536)
                 if not data:
+                    break
+                if src is self.client and self.proxy.refuse_puts and data.startswith(b"PUT "):
+                    with self.proxy._lock:
+                        self.proxy.refused += 1
+                    src.sendall(_ACCESS_DENIED)
                     break
                 keep = self.proxy._cut_here(len(data))
                 if keep is not None:
