@@ -2,7 +2,9 @@
 # The Python package's tests, run in the test tools' venv (tools/venv, which holds the
 # real vLLM 0.33.0): the binding, the namespace vectors, the vLLM tier's contract, kvtier
 # inside vLLM's own tiering manager, vLLM's own tier tests adapted to kvtier, and
-# interop with vLLM's obj tier. Store-parametrized tests run against the local store
+# interop with vLLM's obj tier, kvtier inside SGLang's HiCache controllers and inside
+# LMCache's StorageManager (LMCache from tools/lmcache-site, which test_lmcache.py appends
+# to its import path itself). Store-parametrized tests run against the local store
 # and against real s3s-fs, moto and Ceph RGW servers that the tests start.
 #
 #   scripts/test-python.sh [pytest args]            against the installed wheel (default)
@@ -18,7 +20,8 @@ ROOT=$PWD
 # No test reads standard input, and a closed one (as CI starts the run) breaks imports that
 # look at it: under pytest, IPython, which SGLang imports, fails its collection.
 exec </dev/null
-[[ -x tools/venv/bin/python ]] || scripts/install-tools.sh
+[[ -x tools/venv/bin/python && -d tools/lmcache-site/lmcache ]] || scripts/install-tools.sh
+export KVTIER_TEST_LMCACHE_SITE=$ROOT/tools/lmcache-site
 TPY=$ROOT/tools/venv/bin/python
 export KVTIER_TEST_S3_SERVERS=1
 if [[ ${1:-} == --source ]]; then

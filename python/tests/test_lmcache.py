@@ -100,11 +100,13 @@ class StoredKeys(L2AdapterListener):
 
 
 class Server:
-    """One LMCache storage manager (an LMCache server's storage) with kvtier as its L2."""
+    """One LMCache storage manager (an LMCache server's storage) with kvtier as its L2,
+    from LMCache's own argument parser (``argv``: its storage flags, as a server gets them)."""
 
-    def __init__(self, params: dict, l1_gb: float = 0.03125):
-        config = parse_args(["--l1-size-gb", str(l1_gb), "--no-l1-use-lazy", "--eviction-policy", "LRU",
-                             "--l2-adapter", adapter_json(params)])
+    def __init__(self, params: dict | None = None, l1_gb: float = 0.03125, argv: list | None = None):
+        if argv is None:
+            argv = ["--l1-size-gb", str(l1_gb), "--eviction-policy", "LRU", "--l2-adapter", adapter_json(params)]
+        config = parse_args(argv + ["--no-l1-use-lazy"])
         # LMCache names its L1 shared memory after the process (one server per process):
         # two servers in this one need names of their own, or closing one unlinks the other's.
         shm_name = f"lmcache_l1_pool_kvtier_test_{uuid.uuid4().hex[:12]}"
@@ -159,7 +161,7 @@ class Server:
 def servers():
     made = []
 
-    def make(params, **kw) -> Server:
+    def make(params=None, **kw) -> Server:
         server = Server(params, **kw)
         made.append(server)
         return server
@@ -413,3 +415,42 @@ def test_close_gives_every_task_one_result(local_only, servers):
     late = adapter.submit_load_task(keys[:1], [reserved[keys[0]]])
     assert adapter.query_load_result(late).popcount() == 0
     server.manager.delete_l1_keys(keys, force=True)
+
+
+def readme_server_argv(doc: str = "README.md", section: str = "## Use with LMCache") -> list[str]:
+    """The LMCache server command line of a document's section, as argv after the module."""
+    import re
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / doc).read_text()
+    part = text[text.index(section):]
+    part = part[: part.index("\n## ", 1)]
+    block = re.search(r"```sh\n(.*?)```", part, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "lmcache.v1.multiprocess.server"], argv[:3]
+    return argv[3:]
+
+
+@pytest.mark.parametrize("doc, section", [("README.md", "## Use with LMCache"),
+                                          ("docs/lmcache.md", "## Configuration")])
+def test_the_documented_command_line_gives_a_working_l2(local_only, servers, doc, section):
+    """The documented flags, parsed by LMCache's own parser, load kvtier's adapter, which
+    stores and serves chunks. Only the store and prefix (the docs' are placeholders), the
+    L1 size (16 GB there) and the server's own flags (host, port) are the test's."""
+    argv = readme_server_argv(doc, section)
+    for flag in ("--host", "--port"):  # the server's, not the storage manager's
+        if flag in argv:
+            del argv[argv.index(flag): argv.index(flag) + 2]
+    argv[argv.index("--l1-size-gb") + 1] = "0.03125"
+    documented = json.loads(argv[argv.index("--l2-adapter") + 1])
+    assert (documented["type"], documented["module_path"], documented["class_name"]) == (
+        "plugin", "kvtier.lmcache", "KvtierL2Adapter")
+    documented["adapter_params"].update(store=store_of(local_only), prefix=local_only.prefix)
+    argv[argv.index("--l2-adapter") + 1] = json.dumps(documented)
+    writer = servers(argv=argv)
+    keys = chunk_keys(2, f"documented-{doc}")
+    contents = contents_of(keys)
+    writer.push(contents)
+    reader = servers(argv=argv)
+    assert reader.prefetch(keys).l2_hit_count == 2
+    assert reader.read(keys) == [contents[k].tobytes() for k in keys]

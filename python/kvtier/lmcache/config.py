@@ -71,7 +71,8 @@ def build_tier_config(adapter_params: Mapping[str, Any] | None) -> dict:
     if "store" not in config:
         raise ValueError(
             "adapter_params needs a kvtier 'store', e.g. {\"store\": {\"type\": \"s3\", \"bucket\": \"kv\", "
-            "\"endpoint_override\": \"http://127.0.0.1:9000\"}} or {\"store\": {\"type\": \"local\", \"path\": \"/var/cache/kv\"}}"
+            "\"endpoint_override\": \"http://127.0.0.1:9000\"}} or "
+            "{\"store\": {\"type\": \"local\", \"path\": \"/var/cache/kv\"}}"
         )
     config["namespace"] = NAMESPACE
     config["key_bytes"] = DEFAULT_KEY_BYTES
