@@ -77,10 +77,11 @@ def params_for(store, **extra) -> dict:
 
 
 class StoredKeys(L2AdapterListener):
-    """LMCache's L2 listener: the keys its adapters reported stored."""
+    """LMCache's L2 listener: the keys its adapters reported stored, and deleted."""
 
     def __init__(self):
         self.keys: set = set()
+        self.deleted: set = set()
         self._cond = threading.Condition()
 
     def on_l2_keys_stored(self, keys, sizes):
@@ -92,11 +93,17 @@ class StoredKeys(L2AdapterListener):
         pass
 
     def on_l2_keys_deleted(self, keys):
-        pass
+        with self._cond:
+            self.deleted.update(keys)
+            self._cond.notify_all()
 
     def wait_for(self, keys, timeout: float = WAIT_S) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: set(keys) <= self.keys, timeout)
+
+    def wait_deleted(self, count: int, timeout: float = WAIT_S) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.deleted) >= count, timeout)
 
 
 class Server:
@@ -347,6 +354,25 @@ def test_a_locked_key_deleted_since_fails_its_load_alone(local_only, servers):
     assert reserved[keys[1]].tensor.view(torch.uint8).reshape(-1).numpy().tobytes() == contents[keys[1]].tobytes()
     adapter.submit_unlock(keys)
     reader.manager.delete_l1_keys(keys, force=True)
+
+
+def test_the_tiers_own_eviction_reaches_lmcache_as_deleted_keys(local_only, servers):
+    """kvtier's eviction (a byte budget for the namespace) deletes the oldest objects; each
+    becomes LMCache's deleted-key notification, and its chunk is a miss afterwards."""
+    budget = {"max_bytes": 2 * OBJECT_BYTES, "interval_ms": 100}
+    server = servers(params_for(local_only, eviction=budget))
+    keys = chunk_keys(4, "evicted")
+    contents = contents_of(keys)
+    for key in keys:  # one at a time: their objects' ages order the eviction
+        server.push({key: contents[key]})
+    assert server.stored.wait_deleted(2), f"{len(server.stored.deleted)} keys reported deleted"
+    assert server.stored.deleted <= set(keys) and len(server.stored.deleted) == 2
+    usage = server.adapter.get_usage()
+    assert usage.total_bytes_used == 2 * OBJECT_BYTES
+    kept = [k for k in keys if k not in server.stored.deleted]
+    assert server.prefetch(kept).l2_hit_count == 2
+    for key in server.stored.deleted:
+        assert server.prefetch([key]).l2_hit_count == 0
 
 
 # -- a server that refuses writes ---------------------------------------------------------
