@@ -40,14 +40,15 @@
  *   with each other and with kvt_tier_poll. kvt_tier_poll must not run concurrently with
  *   itself on one tier. kvt_tier_shutdown and kvt_tier_free must not run concurrently
  *   with any other call on that tier. Only kvt_tier_new (start-up probe),
- *   kvt_tier_drain, kvt_tier_evict_now, kvt_tier_clear, kvt_tier_shutdown and
- *   kvt_tier_free block.
+ *   kvt_tier_drain, kvt_tier_evict_now, kvt_tier_clear, kvt_tier_delete, kvt_tier_shutdown
+ *   and kvt_tier_free block.
  *
  * Signals. A host need not ignore SIGPIPE. The library's own threads block it, so a
  *   write to a connection the server has reset fails that request (sent again, or the
  *   job's error) and never raises SIGPIPE in the host. The calls that do network I/O on
- *   the caller's thread (kvt_tier_new, kvt_tier_evict_now, kvt_tier_clear) block SIGPIPE
- *   for their duration, discard one they raised, and put the caller's signal mask back.
+ *   the caller's thread (kvt_tier_new, kvt_tier_evict_now, kvt_tier_clear,
+ *   kvt_tier_delete) block SIGPIPE for their duration, discard one they raised, and put
+ *   the caller's signal mask back.
  *   The library installs no signal handler and changes no process-wide disposition.
  *
  * Lifecycle.
@@ -693,6 +694,24 @@ enum kvt_status kvt_tier_evict_now(struct kvt_tier *tier, struct kvt_eviction_re
 // KVT_STATUS_NULL_ARGUMENT; after shutdown KVT_STATUS_SHUT_DOWN. Blocks for the listing
 // and deletes. Thread-safe.
 enum kvt_status kvt_tier_clear(struct kvt_tier *tier, struct kvt_eviction_report *out_report);
+
+// Deletes the blocks of `num_keys` keys (`key_len` bytes each, back to back in `keys`)
+// and waits for it, for hosts whose own eviction names the blocks to drop (LMCache's L2
+// eviction). Each block whose object is gone afterwards, deleted or absent already,
+// yields a BlockRemoved event and is forgotten (a later store uploads it again); a block
+// whose delete failed stays and is not counted. Writes to `*out_report` the blocks asked
+// (`objects`) and gone (`deleted`); its byte counts are 0, sizes not being known without
+// a listing (zeroed on error). Another tier's load of a deleted block fails that key
+// alone with KVT_STATUS_NOT_FOUND. `num_keys == 0` is OK. NULL `tier` or `out_report`,
+// or NULL `keys` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
+// (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and nothing is deleted; after
+// shutdown KVT_STATUS_SHUT_DOWN. Blocks for the deletes. Thread-safe.
+enum kvt_status kvt_tier_delete(struct kvt_tier *tier,
+                                const uint8_t *keys,
+                                size_t key_len,
+                                size_t num_keys,
+                                struct kvt_eviction_report *out_report);
 
 // Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:
 // pass `sizeof(kvt_stats)`. Counters are only ever appended, so a caller built against

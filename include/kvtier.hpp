@@ -39,7 +39,7 @@
 // After shutdown(): poll, take_events, take_kv_events, stats, metrics, event_fd,
 // jobs_in_flight, location, remove_region, shutdown and destruction work as before; submits throw
 // KVT_STATUS_SHUT_DOWN (and still yield their result); register_memory, add_region, drain, lookup,
-// schedule_end, request_finished, check_now, evict_now and clear throw KVT_STATUS_SHUT_DOWN. After an Error with
+// schedule_end, request_finished, check_now, evict_now, clear and delete_keys throw KVT_STATUS_SHUT_DOWN. After an Error with
 // KVT_STATUS_PANIC the tier refuses further work: shut it down and destroy it.
 //
 // After fork(): a Tier belongs to the process that created it. In a child every call on
@@ -148,6 +148,7 @@ struct Api {
     decltype(&::kvt_tier_take_kv_events) tier_take_kv_events = nullptr;
     decltype(&::kvt_tier_evict_now) tier_evict_now = nullptr;
     decltype(&::kvt_tier_clear) tier_clear = nullptr;
+    decltype(&::kvt_tier_delete) tier_delete = nullptr;
     decltype(&::kvt_tier_stats) tier_stats = nullptr;
     decltype(&::kvt_tier_metrics) tier_metrics = nullptr;
     decltype(&::kvt_set_log_callback) set_log_callback = nullptr;
@@ -166,7 +167,7 @@ struct Api {
                tier_submit_load && tier_poll && tier_event_fd && tier_jobs_in_flight && tier_drain &&
                tier_shutdown && tier_free && last_error && config_schema && stats_fields && config_check &&
                tier_location && tier_lookup && tier_schedule_end && tier_request_finished && tier_check_now && tier_take_events &&
-               tier_take_kv_events && tier_evict_now && tier_clear && tier_stats && tier_metrics && set_log_callback &&
+               tier_take_kv_events && tier_evict_now && tier_clear && tier_delete && tier_stats && tier_metrics && set_log_callback &&
                vllm_namespace && tier_add_region && tier_remove_region && tier_submit_store_ranges &&
                tier_submit_load_ranges;
     }
@@ -202,6 +203,7 @@ struct Api {
             a.tier_take_kv_events = &::kvt_tier_take_kv_events;
             a.tier_evict_now = &::kvt_tier_evict_now;
             a.tier_clear = &::kvt_tier_clear;
+            a.tier_delete = &::kvt_tier_delete;
             a.tier_stats = &::kvt_tier_stats;
             a.tier_metrics = &::kvt_tier_metrics;
             a.set_log_callback = &::kvt_set_log_callback;
@@ -266,6 +268,7 @@ struct Api {
         resolve(handle, "kvt_tier_take_kv_events", a.tier_take_kv_events);
         resolve(handle, "kvt_tier_evict_now", a.tier_evict_now);
         resolve(handle, "kvt_tier_clear", a.tier_clear);
+        resolve(handle, "kvt_tier_delete", a.tier_delete);
         resolve(handle, "kvt_tier_stats", a.tier_stats);
         resolve(handle, "kvt_tier_metrics", a.tier_metrics);
         resolve(handle, "kvt_set_log_callback", a.set_log_callback);
@@ -698,6 +701,23 @@ public:
     {
         EvictionReport r{};
         check(api_, api_.tier_clear(tier_, &r), "kvt_tier_clear");
+        return r;
+    }
+
+    // Deletes the blocks of keys.size() / key_len keys (back to back in `keys`, borrowed
+    // for the call) and waits (kvt_tier_delete): each block gone afterwards, deleted or
+    // absent already, yields a BlockRemoved event; the report counts the blocks asked
+    // (objects) and gone (deleted), its bytes 0. Thread-safe. Throws Error
+    // (KVT_STATUS_INVALID_ARGUMENT for a key buffer that is not a whole number of keys, or
+    // a wrong key length; KVT_STATUS_SHUT_DOWN after shutdown).
+    EvictionReport delete_keys(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
+    {
+        if (key_len == 0 || keys.size() % key_len != 0) {
+            throw Error(KVT_STATUS_INVALID_ARGUMENT,
+                        "kvt_tier_delete: the key buffer is not a whole number of key_len-byte keys", false);
+        }
+        EvictionReport r{};
+        check(api_, api_.tier_delete(tier_, keys.data(), key_len, keys.size() / key_len, &r), "kvt_tier_delete");
         return r;
     }
 

@@ -130,6 +130,53 @@ pub unsafe extern "C" fn kvt_tier_clear(
     unsafe { eviction_round("kvt_tier_clear", tier, out_report, |t| t.clear()) }
 }
 
+/// Deletes the blocks of `num_keys` keys (`key_len` bytes each, back to back in `keys`)
+/// and waits for it, for hosts whose own eviction names the blocks to drop (LMCache's L2
+/// eviction). Each block whose object is gone afterwards, deleted or absent already,
+/// yields a BlockRemoved event and is forgotten (a later store uploads it again); a block
+/// whose delete failed stays and is not counted. Writes to `*out_report` the blocks asked
+/// (`objects`) and gone (`deleted`); its byte counts are 0, sizes not being known without
+/// a listing (zeroed on error). Another tier's load of a deleted block fails that key
+/// alone with KVT_STATUS_NOT_FOUND. `num_keys == 0` is OK. NULL `tier` or `out_report`,
+/// or NULL `keys` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
+/// (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+/// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and nothing is deleted; after
+/// shutdown KVT_STATUS_SHUT_DOWN. Blocks for the deletes. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_delete(
+    tier: *mut kvt_tier,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+    out_report: *mut kvt_eviction_report,
+) -> Status {
+    let delete = |t: &Tier| {
+        if num_keys == 0 {
+            return Ok(Default::default());
+        }
+        if keys.is_null() {
+            return Err(Error::new(
+                Status::NullArgument,
+                format!("keys is NULL with num_keys = {num_keys}"),
+            ));
+        }
+        kvtier_core::key::check_key_len(key_len)?;
+        if num_keys > kvtier_core::MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "num_keys is {num_keys}; a delete has at most {} keys",
+                kvtier_core::MAX_KEYS_PER_JOB
+            )));
+        }
+        // SAFETY: non-NULL (checked above) and `key_len * num_keys` readable bytes by the
+        // header's contract; both are bounded (checked above), so the product fits.
+        let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
+        let keys: Vec<&[u8]> = bytes.chunks_exact(key_len).collect();
+        t.delete_keys(&keys)
+    };
+    // SAFETY: the header's contract for `tier`, `keys` and `out_report`.
+    unsafe { eviction_round("kvt_tier_delete", tier, out_report, delete) }
+}
+
 /// Fills a caller's event array.
 ///
 /// # Safety

@@ -168,3 +168,42 @@ fn eviction_needs_a_bound_and_a_namespace() {
         Tier::from_json(&serde_json::json!({"store": {"type": "memory"}}).to_string()).unwrap();
     assert_eq!(tier.evict_now().unwrap_err().status, Status::State);
 }
+
+#[test]
+fn deleting_named_keys_removes_their_objects_with_one_removed_event_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "store": {"type": "local", "path": dir.path()},
+        "namespace": "lmcache",
+        "enable_kv_events": true,
+        "dedup": "skip_known",
+    });
+    let tier = Tier::from_json(&config.to_string()).unwrap();
+    let mut mem = vec![7u8; 64 * BLOCK];
+    unsafe { tier.register_memory(mem.as_mut_ptr(), 64, BLOCK).unwrap() };
+    store_all(&tier, 0, 4);
+    let file = |k: &[u8]| dir.path().join(tier.layout().object_name(k).unwrap());
+    let absent = key(99);
+    let report = tier.delete_keys(&[key(0), key(2), absent.clone()]).unwrap();
+    // An absent key is gone as well: deleted by someone else first, or never stored.
+    assert_eq!((report.objects, report.deleted), (3, 3), "{report:?}");
+    assert!(!file(&key(0)).exists() && !file(&key(2)).exists());
+    assert!(file(&key(1)).exists() && file(&key(3)).exists());
+    let removed: HashSet<Vec<u8>> = tier
+        .take_events(usize::MAX)
+        .into_iter()
+        .filter(|e| e.removed)
+        .flat_map(|e| e.keys.iter().map(<[u8]>::to_vec).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(removed, HashSet::from([key(0), key(2), absent]));
+    // Dedup forgot the deleted keys: a store uploads key 0 again.
+    store_all(&tier, 0, 1);
+    assert!(file(&key(0)).exists());
+    // A key of the wrong length deletes nothing.
+    let err = tier.delete_keys(&[vec![1u8; 9]]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(file(&key(1)).exists());
+    tier.shutdown();
+    drop(tier);
+    drop(mem);
+}

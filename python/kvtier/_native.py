@@ -193,6 +193,10 @@ _PROTOTYPES = {
     ),
     "kvt_tier_evict_now": (c_status, [tier_p, ctypes.POINTER(KvtEvictionReport)]),
     "kvt_tier_clear": (c_status, [tier_p, ctypes.POINTER(KvtEvictionReport)]),
+    "kvt_tier_delete": (
+        c_status,
+        [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(KvtEvictionReport)],
+    ),
     "kvt_tier_metrics": (c_status, [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "kvt_set_log_callback": (c_status, [LOG_CALLBACK, ctypes.c_void_p, ctypes.c_int]),
 }

@@ -761,6 +761,17 @@ class Tier:
         Blocks other tiers stored into the same namespace go too."""
         return self._eviction_report(_lib().kvt_tier_clear)
 
+    def delete(self, keys: Sequence) -> dict[str, int]:
+        """Deletes the blocks of ``keys`` now and waits (``kvt_tier_delete``): each block
+        gone afterwards, deleted or absent already, is a BlockRemoved event and is forgotten.
+        Returns ``objects`` (blocks asked) and ``deleted`` (blocks gone); the byte counts
+        are 0. Releases the GIL while it waits."""
+        buf, key_len, num_keys = _key_buffer(keys)
+        report = _native.KvtEvictionReport()
+        with self._h as ptr:
+            _check(_lib().kvt_tier_delete(ptr, buf, key_len, num_keys, ctypes.byref(report)))
+        return {name: getattr(report, name) for name, _ in report._fields_}
+
     def _eviction_report(self, fn) -> dict[str, int]:
         """Runs ``fn`` (``kvt_tier_evict_now`` or ``kvt_tier_clear``) and returns its
         ``kvt_eviction_report`` as a dict."""

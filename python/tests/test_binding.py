@@ -246,6 +246,34 @@ def test_lookups_events_and_stats(tmp_path):
             tier.lookup(1, b"tiny")
 
 
+def test_delete_removes_named_blocks_with_removed_events(store):
+    """``Tier.delete`` (kvt_tier_delete) on every store: the named blocks go (an absent one
+    counts as gone), each a BlockRemoved event; their loads fail alone, the others load."""
+    store_config = dict(store.store_config) if store.kind == "local" else {"type": "s3", **store.store_config}
+    config = {"store": store_config, "prefix": store.prefix, "namespace": "ns", "enable_kv_events": True}
+    with Tier(config) as tier:
+        pool = np.arange(4 * 64, dtype=np.uint32).astype(np.uint8).reshape(4, 64)
+        tier.register_memory(pool)
+        keys = [make_key(i, salt="delete") for i in range(3)]
+        tier.submit_store(1, [0, 1, 2], keys)
+        assert wait_results(tier, 1)[0].ok
+        tier.take_events()
+        absent = make_key(9, salt="delete")
+        report = tier.delete([keys[0], keys[2], absent])
+        assert (report["objects"], report["deleted"]) == (3, 3), report
+        removed = {k for e in tier.take_events() if e.removed for k in e.keys}
+        assert removed == {keys[0], keys[2], absent}
+        pool[3] = 0
+        tier.submit_load(2, [3], [keys[1]])
+        assert wait_results(tier, 1)[0].ok and np.array_equal(pool[3], pool[1])
+        tier.submit_load(3, [3], [keys[0]])
+        (gone,) = wait_results(tier, 1)
+        assert not gone.ok and gone.key_status == (Status.NOT_FOUND,)
+        assert tier.delete([]) == {"objects": 0, "bytes": 0, "deleted": 0, "deleted_bytes": 0}
+        with pytest.raises(kvtier.InvalidArgumentError):
+            tier.delete([b"tiny"])
+
+
 def test_shutdown_then_submit_yields_failed_result(tmp_path):
     with Tier(local(tmp_path)) as tier:
         tier.register_memory(np.zeros((4, 64), np.uint8))

@@ -375,6 +375,29 @@ def test_the_tiers_own_eviction_reaches_lmcache_as_deleted_keys(local_only, serv
         assert server.prefetch([key]).l2_hit_count == 0
 
 
+def test_lmcaches_delete_removes_the_objects_for_every_server(lm_store, servers):
+    """LMCache's L2 eviction calls delete(): the objects go from the store (for every server
+    sharing them), each reported to LMCache as deleted, including one the deleting server
+    only found (stored by another); the rest stay."""
+    params = params_for(lm_store)
+    writer = servers(params)
+    keys = chunk_keys(3, "deleted")
+    contents = contents_of(keys)
+    writer.push(contents)
+    reader = servers(params)
+    assert reader.prefetch(keys).l2_hit_count == 3
+    reader.manager.delete_l1_keys(keys, force=True)
+    writer.adapter.delete(keys[:2])
+    assert writer.stored.wait_deleted(2)
+    assert writer.stored.deleted == set(keys[:2])
+    assert writer.adapter.get_usage().total_bytes_used == OBJECT_BYTES
+    assert reader.prefetch(keys[:1]).l2_hit_count == 0
+    assert reader.prefetch(keys[1:2]).l2_hit_count == 0
+    reader.adapter.delete(keys[2:])  # found by the reader, stored by the writer
+    assert reader.stored.wait_deleted(1)
+    assert writer.prefetch(keys[2:]).l2_hit_count == 0
+
+
 # -- a server that refuses writes ---------------------------------------------------------
 
 

@@ -163,6 +163,53 @@ pub(crate) async fn round(shared: &TierState, config: &EvictionConfig) -> Result
     Ok(report)
 }
 
+/// Deletes the named blocks (`names[i]` is the object of `keys[i]`), a few at a time: each
+/// block whose object is gone afterwards (deleted, or absent already) is forgotten by dedup
+/// and becomes a BlockRemoved event; a block whose delete failed stays (logged) and is not
+/// counted. Bytes are not known without a listing: the report has `objects` = blocks asked
+/// and `deleted` = blocks gone, its byte counts 0.
+pub(crate) async fn delete_named(
+    shared: &TierState,
+    keys: Vec<Vec<u8>>,
+    names: Vec<String>,
+) -> Result<EvictionReport> {
+    const AT_ONCE: usize = 16;
+    let store = &shared.lookup_store;
+    let outcomes: Vec<(Vec<u8>, bool)> = futures::stream::iter(keys.into_iter().zip(names))
+        .map(|(key, name)| async move {
+            let gone = match store.delete(&object_path(&name)).await {
+                Ok(()) => true,
+                Err(e) if e.status == Status::NotFound => true,
+                Err(e) => {
+                    log::warn!("delete: {}", e.message);
+                    false
+                }
+            };
+            (key, gone)
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    let mut report = EvictionReport {
+        objects: outcomes.len() as u64,
+        ..Default::default()
+    };
+    let mut removed = Vec::new();
+    for (key, gone) in outcomes {
+        if gone {
+            shared.dedup.forget(&key);
+            removed.push(key);
+        }
+    }
+    report.deleted = removed.len() as u64;
+    shared
+        .stats
+        .evicted_blocks
+        .fetch_add(report.deleted, Ordering::Relaxed);
+    emit_removed(shared, &removed);
+    Ok(report)
+}
+
 /// BlockRemoved events for `keys` (when the tier records events).
 pub(crate) fn emit_removed(shared: &TierState, keys: &[Vec<u8>]) {
     if !shared.config.enable_kv_events || keys.is_empty() {

@@ -514,6 +514,45 @@ impl Tier {
         .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
     }
 
+    /// Deletes the blocks of `keys` now and waits for it (for hosts whose own eviction
+    /// names the blocks to drop, as LMCache's does). Each block whose object is gone
+    /// afterwards, deleted or absent already, is a BlockRemoved event and is forgotten, so
+    /// a later store uploads it again; a block whose delete failed stays and is not
+    /// counted. Reports `objects` (blocks asked) and `deleted` (blocks gone); its byte
+    /// counts are 0 (sizes are not known without a listing). Other tiers' loads of a
+    /// deleted block fail alone with NotFound.
+    pub fn delete_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<EvictionReport> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "delete after shutdown"));
+        }
+        if is_tier_thread(&std::thread::current()) {
+            return Err(Error::invalid(
+                "delete blocks, so it must not be called from one of the tier's threads",
+            ));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a delete has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
+        }
+        let mut owned = Vec::with_capacity(keys.len());
+        let mut names = Vec::with_capacity(keys.len());
+        for key in keys {
+            let key = key.as_ref();
+            self.check_key(key)?;
+            names.push(self.shared.layout.object_name(key)?);
+            owned.push(key.to_vec());
+        }
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(rt, async move {
+                eviction::delete_named(&shared, owned, names).await
+            })
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "delete after shutdown")))
+    }
+
     /// Takes up to `max` of the BlockStored and BlockRemoved events recorded so far,
     /// oldest first.
     pub fn take_events(&self, max: usize) -> Vec<KvEvent> {

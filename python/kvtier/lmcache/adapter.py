@@ -5,12 +5,12 @@ from two controller threads (store and prefetch). Every call returns at once:
 
 * stores and loads are library jobs over ranges of LMCache's L1 arena, registered once as
   one region (no staging copy);
-* lookups are existence checks of the whole batch at once (``check_now``), run by one
-  worker thread so that the caller never waits;
+* lookups (existence checks of the whole batch at once, ``check_now``) and deletes
+  (``kvt_tier_delete``) run in order on one worker thread, so that the caller never waits;
 * one poller thread sleeps on the tier's event fd, takes every finished job, files its
   result under its task and signals that kind's event fd (three distinct ``eventfd``\\ s, as
   LMCache requires); it also turns the tier's BlockRemoved events (its own eviction) into
-  LMCache's deleted-key notifications.
+  LMCache's deleted-key notifications, as it does for LMCache's own ``delete()``.
 
 Every task yields exactly one result: a job the library refused still yields its failed
 result, and a task that never reached the library (a key it cannot name, an object outside
@@ -91,8 +91,9 @@ class KvtierL2Adapter(L2AdapterInterface):
     directory). ``adapter_params`` is the tier's configuration; see the module's doc."""
 
     def __init__(self, adapter_params: dict | None = None, l1_memory_desc: Any = None):
-        # max_capacity_bytes 0: LMCache's own global L2 eviction stays off; the tier's
-        # `eviction` configuration bounds the store (see delete()).
+        # max_capacity_bytes 0: LMCache's global L2 eviction stays off (this server knows
+        # only what it stored, not the shared bucket); the tier's `eviction` bounds the
+        # store. LMCache's per-salt eviction may still call delete().
         super().__init__(max_capacity_bytes=0)
         config = build_tier_config(adapter_params)
         # The library's own check, before anything starts: a bad key fails with its name.
@@ -114,6 +115,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._known: dict[bytes, tuple[Any, int]] = {}
         self._store_fd, self._lookup_fd, self._load_fd = _EventFd(), _EventFd(), _EventFd()
         self._stop_fd = _EventFd()
+        self._wake_fd = _EventFd()  # events are waiting (a delete just finished)
         self.tier = Tier(config)
         with closed_on_failure(self.tier):
             self._arena = (l1_memory_desc.ptr, l1_memory_desc.size)
@@ -298,6 +300,9 @@ class KvtierL2Adapter(L2AdapterInterface):
             if item is None:
                 return
             task_id, keys = item
+            if task_id == "delete":
+                self._delete_now(keys)
+                continue
             found: list[bool] = []
             try:
                 kv_keys = [key_of(k) for k in keys]
@@ -321,12 +326,43 @@ class KvtierL2Adapter(L2AdapterInterface):
     # -- eviction ----------------------------------------------------------------------
 
     def delete(self, keys: list) -> None:
-        """LMCache's L2 eviction asks to delete ``keys``. kvtier's C ABI deletes by budget
-        and age (the tier's ``eviction``), not by key, so nothing is deleted and nothing is
-        reported deleted: the objects stay loadable. The adapter declares no capacity, so
-        LMCache's global L2 eviction never calls this; bound the store with ``eviction``."""
-        if keys:
-            logger.debug("kvtier.lmcache: delete of %d keys left to the tier's own eviction", len(keys))
+        """LMCache's L2 eviction deletes ``keys``: queued for the worker thread (the call
+        returns at once), which deletes their objects (``kvt_tier_delete``); the tier's
+        BlockRemoved events for them then become LMCache's deleted-key notifications. The
+        objects are gone for every server sharing them."""
+        keys = list(keys)
+        if not keys:
+            return
+        with self._lock:
+            if self._closing:
+                logger.warning("kvtier.lmcache: delete of %d keys after close is dropped", len(keys))
+                return
+        self._lookups.put(("delete", keys))
+
+    def _delete_now(self, keys: list) -> None:
+        try:
+            kv_keys = [key_of(k) for k in keys]
+        except ValueError as exc:
+            logger.warning("kvtier.lmcache: delete of %d keys: %s", len(keys), exc)
+            return
+        with self._lock:
+            for key, kv_key in zip(keys, kv_keys):
+                # Objects this adapter did not store (found through a lookup) are named in
+                # LMCache's notification too; their bytes were never counted here.
+                self._known.setdefault(kv_key, (key, 0))
+        try:
+            report = self.tier.delete(kv_keys)
+        except KvtierError as exc:
+            logger.warning("kvtier.lmcache: delete of %d keys failed: %s", len(keys), exc)
+            return
+        if report["deleted"] != len(keys):
+            logger.warning("kvtier.lmcache: %d of %d keys could not be deleted", len(keys) - report["deleted"],
+                           len(keys))
+        self._signal_poller()
+
+    def _signal_poller(self) -> None:
+        """Wakes the poller to take the tier's events now rather than at its next bound."""
+        self._wake_fd.signal()
 
     def _removed(self, kv_keys: list) -> None:
         """The tier deleted ``kv_keys`` (its own eviction): LMCache's notifications for those
@@ -347,7 +383,13 @@ class KvtierL2Adapter(L2AdapterInterface):
         while True:
             # Woken by the tier's results or by close(); the bound only paces the checks
             # for BlockRemoved events, which raise no fd.
-            readable, _, _ = select.select([self._tier_fd, self._stop_fd.fd], [], [], POLLER_WAKE_S)
+            readable, _, _ = select.select([self._tier_fd, self._stop_fd.fd, self._wake_fd.fd], [], [],
+                                           POLLER_WAKE_S)
+            if self._wake_fd.fd in readable:
+                try:
+                    os.eventfd_read(self._wake_fd.fd)
+                except BlockingIOError:
+                    pass
             self._dispatch()
             if self._stop_fd.fd in readable:
                 return
@@ -417,5 +459,5 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._tasks.clear()
         for task_id, task in left:  # no result will come any more: each fails once
             self._finish(task_id, task, None)
-        for efd in (self._store_fd, self._lookup_fd, self._load_fd, self._stop_fd):
+        for efd in (self._store_fd, self._lookup_fd, self._load_fd, self._stop_fd, self._wake_fd):
             efd.close()
