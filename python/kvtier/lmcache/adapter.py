@@ -110,8 +110,10 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._lookup_results: dict[int, Bitmap] = {}
         self._load_results: dict[int, Bitmap] = {}
         self._locks: dict[Any, int] = {}  # ObjectKey -> lookups holding it (see the module doc)
-        # kvtier key -> (ObjectKey, bytes) of what this adapter stored or found: the tier's
-        # BlockRemoved events name kvtier keys, LMCache's notifications ObjectKeys.
+        # kvtier key -> (ObjectKey, bytes) of what this adapter stored (or was asked to
+        # delete): the tier's BlockRemoved events name kvtier keys, LMCache's notifications
+        # ObjectKeys. An entry lives until its BlockRemoved event: about 200 bytes for each
+        # key this server stored and the tier did not delete.
         self._known: dict[bytes, tuple[Any, int]] = {}
         self._store_fd, self._lookup_fd, self._load_fd = _EventFd(), _EventFd(), _EventFd()
         self._stop_fd = _EventFd()
@@ -218,9 +220,9 @@ class KvtierL2Adapter(L2AdapterInterface):
         if task.kind is JobKind.STORE:
             ok = empty or (outcome is not None and outcome.ok and all(done))
             stored = [(k, kv, n) for k, kv, n, d in zip(task.keys, task.kv_keys, task.sizes, done) if d]
-            if stored:
-                self._remember(stored)
-                self._notify_keys_stored([k for k, _, _ in stored], [n for _, _, n in stored])
+            fresh = self._remember(stored)
+            if fresh:
+                self._notify_keys_stored([k for k, _, _ in fresh], [n for _, _, n in fresh])
             nbytes = outcome.bytes if outcome is not None else 0
             with self._lock:
                 self._store_results[task_id] = L2StoreResult(ok, nbytes)
@@ -264,10 +266,17 @@ class KvtierL2Adapter(L2AdapterInterface):
         except OSError:  # closed by close(): nobody waits any more
             pass
 
-    def _remember(self, entries: list) -> None:
+    def _remember(self, entries: list) -> list:
+        """Records stored keys; returns those not already recorded (a key stored again
+        is counted once in LMCache's byte accounting)."""
+        fresh = []
         with self._lock:
             for key, kv_key, nbytes in entries:
-                self._known[kv_key] = (key, nbytes)
+                known = self._known.get(kv_key)
+                if known is None or known[1] == 0:  # 0: named by a delete, never counted
+                    self._known[kv_key] = (key, nbytes)
+                    fresh.append((key, kv_key, nbytes))
+        return fresh
 
     # -- lookups -----------------------------------------------------------------------
 
