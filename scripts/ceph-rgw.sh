@@ -159,7 +159,6 @@ import sys, urllib.request
 urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout=5).read()
 EOF
 }
-port_refuses() { ! port_answers "$1"; }
 
 # Whether every placement group is active+clean. Without a manager the monitor has no PG
 # states; each OSD's admin socket lists the PGs it holds and their state, and each PG of
