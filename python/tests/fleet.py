@@ -659,6 +659,7 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
             until(lambda: progressed(running, marks)() and sum(w.figure("stores") for w in running) > stores_before,
                   f"every worker worked and blocks were stored while {STOPPED_OSD} was down", running)
             osd_stores = sum(w.figure("stores") for w in running) - stores_before
+            mark(f"{STOPPED_OSD} starting")
             faults.osd_up()
             mark(f"{STOPPED_OSD} back, active+clean ({osd_stores} blocks stored while it was down)")
             marks = {w.name: w.rounds() for w in running}
