@@ -20,9 +20,9 @@ parameters; moto is left to the other suites), for tens of seconds or longer:
   evictor through the second), and the failures are real daemons': the second gateway's
   radosgw is stopped (the process exits; its port refuses) and started again after
   OUTAGE_S, and once everyone worked again, one OSD (STOPPED_OSD) is stopped, the fleet
-  works on and must store blocks while it is down (the pools stay writable), and it is
-  started again, the run going on once every placement group is active+clean. Any other
-  server is reached through a TCP relay of this file that is stopped (connections reset,
+  works on (OSD_DOWN_S at least) and must store blocks while it is down (the pools stay
+  writable), and it is started again, the run going on once every placement group is
+  active+clean. Any other server is reached through a TCP relay of this file that is stopped (connections reset,
   the port refusing) and started again on the same port;
 * engine B is SIGKILLed mid-run and started again: B2, a new process with a new engine
   and tier on the same namespace. (B2's process is started beside A and B and imports vLLM
@@ -119,6 +119,9 @@ RETRY_BUDGET_S = 20.0
 GATEWAY_OF = {"A": 1, "gc": 1, "B": 2, "B2": 2, "C": 2, "evictor": 2}
 STOPPED_GATEWAY = 2
 STOPPED_OSD = "osd.2"
+#: How long the fleet works on at least while the OSD is down (a fault's length, not a
+#: synchronisation: the rounds and stores that must happen meanwhile are polled for).
+OSD_DOWN_S = 3.0
 MODEL = "org/fleet-model"
 #: Deadlines: a vLLM engine's start (importing vLLM takes 10-20 s on a busy 2-core
 #: machine), any other condition. Never reached when all is well.
@@ -653,10 +656,12 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
         # fleet works on and stores blocks; then it comes back and recovers (active+clean).
         if faults.cluster is not None:
             faults.osd_down()
+            osd_down_at = time.monotonic()
             mark(f"{STOPPED_OSD} down")
             marks = {w.name: w.rounds() for w in running}
             stores_before = sum(w.figure("stores") for w in running)
-            until(lambda: progressed(running, marks)() and sum(w.figure("stores") for w in running) > stores_before,
+            until(lambda: progressed(running, marks)() and sum(w.figure("stores") for w in running) > stores_before
+                  and time.monotonic() - osd_down_at >= OSD_DOWN_S,
                   f"every worker worked and blocks were stored while {STOPPED_OSD} was down", running)
             osd_stores = sum(w.figure("stores") for w in running) - stores_before
             mark(f"{STOPPED_OSD} starting")
