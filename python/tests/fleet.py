@@ -835,8 +835,10 @@ def check(result: dict) -> dict:
         if window is not None and window.excusable():
             excused.append({"worker": "gc", "status": f"exit {g['rc']}", "t0": g["t0"], "t1": g["t1"],
                             "message": g["stderr"], "window": window.what})
+        elif window is not None:
+            problems.append(f"kvtier gc failed in the {window!r} (strict): {g}")
         else:
-            problems.append(f"kvtier gc failed outside every outage it may be excused by ({faults.windows}): {g}")
+            problems.append(f"kvtier gc failed outside every outage {faults.windows}: {g}")
     gc_deleted = sum(g.get("deleted", 0) for g in result["gc_runs"])
 
     # The final check: no failure; every block stored after a MISS found by a fresh tier.
