@@ -50,8 +50,8 @@
 # memstore keeps data across an OSD restart only with `osd fast shutdown = false`;
 # two gateways starting at once on a fresh cluster both create the zone's pools, so the
 # second starts once the first answers;
-# without a manager, `ceph pg stat` knows nothing: placement-group states are read from each
-# OSD's admin socket.
+# without a manager, `ceph pg stat` knows nothing, and an OSD's admin socket calls an
+# undersized PG Active/Clean: each placement group's state is asked of the PG itself.
 set -euo pipefail
 
 # The S3 user's keys (the tests pass their own), and a second user, kvtier-nolist, that
@@ -160,25 +160,30 @@ urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout=5).read()
 EOF
 }
 
-# Whether every placement group is active+clean. Without a manager the monitor has no PG
-# states; each OSD's admin socket lists the PGs it holds and their state, and each PG of
-# every pool (pg_num of them, from the monitor's map) must be Active/Clean on its primary.
+# Whether every placement group of every pool is active+clean. Without a manager the
+# monitor knows no PG states, and an OSD's own view of its PGs (its admin socket's
+# dump_pgstate_history) says Active/Clean for an undersized PG too; so each PG is asked
+# itself (`pg query`, answered by its primary OSD), in one process through the rados module
+# of the Python the ceph command runs on.
 pgs_clean() {
-    local osd
-    all_osds_up || return 1
-    {
-        ceph_ osd dump --format json || return 1
-        echo
-        for osd in "${OSDS[@]}"; do
-            timeout 30 ceph -c "$CONF" daemon "osd.$osd" dump_pgstate_history --format json || return 1
-            echo
-        done
-    } | python3 -c '
+    local python
+    python=$(sed -n '1s/^#! *//p' "$(command -v ceph)")
+    timeout 60 ${python:-python3} - "$CONF" <<'EOF'
 import json, sys
-docs = [json.loads(line) for line in sys.stdin if line.strip()]
-expected = sum(pool["pg_num"] for pool in docs[0]["pools"])
-clean = {pg["pg"] for d in docs[1:] for pg in d["pgs"] if pg["currently"] == "Started/Primary/Active/Clean"}
-sys.exit(0 if len(clean) == expected else 1)'
+import rados
+
+with rados.Rados(conffile=sys.argv[1]) as cluster:
+    ret, out, err = cluster.mon_command(json.dumps({"prefix": "osd dump", "format": "json"}), b"", timeout=10)
+    if ret != 0:
+        sys.exit(f"osd dump: {err}")
+    pools = json.loads(out)["pools"]
+    for pg in (f"{pool['pool']}.{i:x}" for pool in pools for i in range(pool["pg_num"])):
+        ret, out, err = cluster.pg_command(pg, json.dumps({"prefix": "query", "pgid": pg, "format": "json"}), b"",
+                                           timeout=10)
+        state = json.loads(out)["state"] if ret == 0 else f"unknown ({err})"
+        if state != "active+clean":
+            sys.exit(f"pg {pg} is {state}")
+EOF
 }
 
 # The port of gateway rgw.$1, from DIR/env.
