@@ -22,8 +22,8 @@ parameters; moto is left to the other suites), for tens of seconds or longer:
   OUTAGE_S, and once everyone worked again, one OSD (STOPPED_OSD) is stopped, the fleet
   works on (OSD_DOWN_S at least) and must store blocks while it is down (the pools stay
   writable), and it is started again, the run going on once every placement group is
-  active+clean. Any other server is reached through a TCP relay of this file that is stopped (connections reset,
-  the port refusing) and started again on the same port;
+  active+clean. Any other server is reached through a TCP relay of this file that is
+  stopped (connections reset, the port refusing) and started again on the same port;
 * engine B is SIGKILLed mid-run and started again: B2, a new process with a new engine
   and tier on the same namespace. (B2's process is started beside A and B and imports vLLM
   there, the slow part of a start; it builds its engine and tier only after B's death.)
@@ -57,8 +57,8 @@ problem. With a retry budget in time (``store.retry_budget_ms``, 20 s by default
 shorter than the budget may fail a key: OUTAGES_EXCUSED = False, or now
 KVTIER_FLEET_STRICT_OUTAGES=1, makes the check strict (failures inside faults are still
 counted per fault, and are problems; an OSD down is no outage, the pools staying writable,
-so nothing is excused for it however long it lasts). Outside the faults, on the local store, and in the
-final check, nothing may fail.
+so nothing is excused for it however long it lasts). Outside the faults, on the local store,
+and in the final check, nothing may fail.
 
 Each worker reports its figures as JSON; ``check`` turns them into the soak's verdict and
 ``summary_line`` into one line per store. The fleet runs RUN_S seconds once up: the test
