@@ -43,7 +43,7 @@ const MOTO_KEYS: (&str, &str) = ("moto-access", "moto-secret-Kp29vX");
 const RGW_KEYS: (&str, &str) = ("kvtier-rgw-access", "kvtier-rgw-secret-Vb71qZ");
 
 /// How long Ceph RGW may take to start (mon, three OSDs, two gateways and the users; 5-6 s
-/// idle, 20-40 s on a busy machine).
+/// on a quiet machine, 11-13 s on a busy one).
 const RGW_READY_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// A real S3 server on a loopback port, killed on drop.
