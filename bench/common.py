@@ -198,8 +198,8 @@ def proc_cpu(pid: int) -> float:
 class Server:
     """One S3 server of the bench on a free loopback port, serving ``BUCKET`` with the bench's
     credentials: ``sink`` (bench/sink, in memory), ``s3sfs`` (s3s-fs on a directory of its
-    own, ``root`` or a new one on /dev/shm), ``moto`` (moto_server) or ``rgw`` (a one-node
-    Ceph cluster, scripts/ceph-rgw.sh). Each runs in a session of its own; ``stop`` ends it
+    own, ``root`` or a new one on /dev/shm), ``moto`` (moto_server) or ``rgw`` (a Ceph cluster
+    of three memstore OSDs, reached through its first gateway, scripts/ceph-rgw.sh). Each runs in a session of its own; ``stop`` ends it
     and removes the directory it was given or made. The bucket is created where the server
     does not make it from its directory (moto, RGW)."""
 

@@ -11,7 +11,7 @@ test's summary line per store and exits 1 if any check failed.
     bench/run.py fleet-soak --seconds 600 --stores s3s-fs
 
 Stores: local (a temporary directory), and s3s-fs and ceph-rgw started as the tests start
-them (python/tests/s3_servers.py: moto and a one-node Ceph cluster start too). Needs what the
+them (python/tests/s3_servers.py: moto and a Ceph cluster of three OSDs and two gateways start too). Needs what the
 test needs: tools/venv (scripts/install-tools.sh), target/release/libkvtier.so (or
 KVTIER_LIBRARY) and target/release/kvtier (cargo build --release), gcc. The fleet and the
 servers are the tests' support modules (fleet.py, s3_servers.py, c_programs.py), loaded by

@@ -192,7 +192,7 @@ fi
 
 # Ceph RGW -------------------------------------------------------------------------------
 # radosgw, ceph-mon and ceph-osd (Debian's 16.2) for the third real S3 server of the tests:
-# scripts/ceph-rgw.sh runs a one-node cluster from them (memstore, loopback, no service).
+# scripts/ceph-rgw.sh runs a small cluster from them (three memstore OSDs, two gateways, loopback, no service).
 "$ROOT/scripts/ceph-rgw.sh" install
 
 # Azure Blob and GCS emulators -----------------------------------------------------------

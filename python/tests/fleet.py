@@ -14,10 +14,16 @@ parameters; moto is left to the other suites), for tens of seconds or longer:
 * ``kvtier gc --max-bytes`` (the command line, each run its own process) runs again and
   again, with a smaller budget than the evictor's;
 * the S3 server goes down once and comes back: s3s-fs is killed and started again on the
-  same port and data directory; Ceph RGW cannot be (scripts/ceph-rgw.sh tears the whole
-  cluster down when radosgw exits, and its memstore loses every object), so there every
-  process reaches RGW through a TCP relay of this file that is stopped (connections reset,
-  the port refusing) and started again on the same port;
+  same port and data directory. On Ceph (the cluster of scripts/ceph-rgw.sh: three memstore
+  OSDs, pools of size 3 and min_size 2, two radosgw gateways of one zone) the processes
+  spread over both gateways (GATEWAY_OF: A and gc through the first; B, B2, C and the
+  evictor through the second), and the failures are real daemons': the second gateway's
+  radosgw is stopped (the process exits; its port refuses) and started again after
+  OUTAGE_S, and once everyone worked again, one OSD (STOPPED_OSD) is stopped, the fleet
+  works on (OSD_DOWN_S at least) and must store blocks while it is down (the pools stay
+  writable), and it is started again, the run going on once every placement group is
+  active+clean. Any other server is reached through a TCP relay of this file that is
+  stopped (connections reset, the port refusing) and started again on the same port;
 * engine B is SIGKILLed mid-run and started again: B2, a new process with a new engine
   and tier on the same namespace. (B2's process is started beside A and B and imports vLLM
   there, the slow part of a start; it builds its engine and tier only after B's death.)
@@ -26,27 +32,40 @@ A block's bytes are a function of its key (fleet_worker.content), so every proce
 every block it loads, whoever stored it. Then gc and eviction stop, one last gc deletes
 most of the namespace, and each engine looks every key it stored up in a new request and
 stores the ones that MISS; a fresh tier in a new process must load every one of them
-byte-exact: a block stored after a MISS stays loadable until it is deleted again.
+byte-exact: a block stored after a MISS stays loadable until it is deleted again. On Ceph
+that fresh tier reads each block through the other gateway from the one its engine stored
+it through.
+
+The schedule, from the moment the whole fleet is up (RUN_S long at least): after a third of
+it the server outage (on Ceph the gateway's), then on Ceph the OSD's, each followed by
+rounds of every worker and a successful gc run; after two thirds B's SIGKILL and B2's start;
+after the whole of it, the end: gc and eviction stop, the last gc, the final lookups and
+stores, the fresh tier.
 
 Checked (``check``): no block loaded with a wrong byte, by any process (checked in the
 slot when the library hands out the result, and again where vLLM's manager reads it);
 every job exactly one result (library jobs, and vLLM's jobs through the manager's own calls); every key's
-status OK or NotFound. Decision on the outage: the library retries a request that meets a
+status OK or NotFound. Decision on the outages: the library retries a request that meets a
 refused or reset connection (``max_retries``, default 5), but its backoff starts at 50 ms
 and the five retries are spent within about 0.4-0.5 s, so keys in flight during an outage
-of OUTAGE_S do fail, in nearly every run. A key of a job that was in flight while the
-server was down (its submission-to-result interval overlaps the outage, widened by
-OUTAGE_GRACE_S) may therefore also end CONNECT, IO or TIMEOUT, and a gc run overlapping it
-may fail; such keys are counted and printed ("excused by the outage"); anything else is a
-problem. Outside that window, on the local store, and in the final check, nothing may
-fail.
+do fail, in nearly every run. While OUTAGES_EXCUSED holds, a key of a job that was in flight
+during a fault that could reach its process (its submission-to-result interval overlaps the
+fault's span, widened by OUTAGE_GRACE_S; a gateway's outage reaches only the processes
+behind that gateway) may therefore also end CONNECT, IO or TIMEOUT, and a gc run
+overlapping it may fail; such keys are counted and printed ("excused"); anything else is a
+problem. With a retry budget in time (``store.retry_budget_ms``, 20 s by default) no outage
+shorter than the budget may fail a key: OUTAGES_EXCUSED = False, or now
+KVTIER_FLEET_STRICT_OUTAGES=1, makes the check strict (failures inside faults are still
+counted per fault, and are problems; an OSD down is no outage, the pools staying writable,
+so nothing is excused for it however long it lasts). Outside the faults, on the local store,
+and in the final check, nothing may fail.
 
 Each worker reports its figures as JSON; ``check`` turns them into the soak's verdict and
 ``summary_line`` into one line per store. The fleet runs RUN_S seconds once up: the test
 (test_fleet_soak.py, ``KVTIER_FLEET_SOAK_S`` overrides) and bench/fleet_soak.py, which runs
 the same fleet longer, both drive it through ``run_fleet``. A support module of the tests,
-not a test: it needs vLLM (fleet_worker.py's engines) and, for s3s-fs's restart, the
-``s3_servers`` module that started the server.
+not a test: it needs vLLM (fleet_worker.py's engines) and, for s3s-fs's restart and Ceph's
+daemons, the ``s3_servers`` module that started the server.
 """
 
 from __future__ import annotations
@@ -83,8 +102,26 @@ GC_BUDGET_BLOCKS = 64  # kvtier gc --max-bytes, in blocks
 EVICTION = {"max_bytes": 80 * BLOCK_BYTES, "interval_ms": 300}
 FINAL_GC_BUDGET_BLOCKS = 32  # the last gc before the final check
 GC_PAUSE_S = 0.25  # between two gc runs
-OUTAGE_S = 0.5  # how long the server stays down (a fault's length, not a synchronisation)
+OUTAGE_S = 0.5  # how long a server stays down (a fault's length, not a synchronisation)
 OUTAGE_GRACE_S = 1.0
+#: Whether a key of a job in flight during an outage may end CONNECT, IO or TIMEOUT (and a gc
+#: run overlapping it fail): the library's retries (``max_retries``, backoff from 50 ms) are
+#: spent within about 0.4-0.5 s, shorter than any outage here. Once requests are retried for a
+#: time budget (``store.retry_budget_ms``, 20 s by default) an outage shorter than the budget
+#: must fail nothing: set this to False then. KVTIER_FLEET_STRICT_OUTAGES=1 makes the check
+#: strict now, whatever this says.
+OUTAGES_EXCUSED = True
+#: In a strict check, only an outage longer than this (the default retry budget) may fail a key.
+RETRY_BUDGET_S = 20.0
+#: On Ceph: which gateway each process reaches (A and gc through the first, B, B2, C and the
+#: evictor through the second), the gateway stopped and started again, and the OSD stopped
+#: and brought back.
+GATEWAY_OF = {"A": 1, "gc": 1, "B": 2, "B2": 2, "C": 2, "evictor": 2}
+STOPPED_GATEWAY = 2
+STOPPED_OSD = "osd.2"
+#: How long the fleet works on at least while the OSD is down (a fault's length, not a
+#: synchronisation: the rounds and stores that must happen meanwhile are polled for).
+OSD_DOWN_S = 3.0
 MODEL = "org/fleet-model"
 #: Deadlines: a vLLM engine's start (importing vLLM takes 10-20 s on a busy 2-core
 #: machine), any other condition. Never reached when all is well.
@@ -375,22 +412,67 @@ class Relay:
             self._drop(s)
 
 
-class Outage:
-    """Takes the store's server down for OUTAGE_S once and brings it back; ``window`` is
-    (down, up) in wall-clock seconds. ``store_config`` is what every process must use."""
+def outages_excused() -> bool:
+    """Whether failures inside an outage shorter than RETRY_BUDGET_S are excused (see
+    OUTAGES_EXCUSED)."""
+    return OUTAGES_EXCUSED and os.environ.get("KVTIER_FLEET_STRICT_OUTAGES") != "1"
+
+
+class Window:
+    """One fault's time span (wall-clock seconds, ``down`` to ``up``), the processes it can
+    fail (``affects``: names as in GATEWAY_OF; None: all of them), and whether the service was
+    gone meanwhile (``outage``: a server or gateway down; not an OSD down, the pools staying
+    writable, so no retry budget has anything to bridge however long it lasts)."""
+
+    def __init__(self, what: str, down: float, up: float, affects: frozenset | None = None,
+                 outage: bool = True) -> None:
+        self.what, self.down, self.up, self.affects, self.outage = what, down, up, affects, outage
+
+    def length(self) -> float:
+        return self.up - self.down
+
+    def covers(self, worker: str, t0: float, t1: float) -> bool:
+        """Whether a job of ``worker`` from ``t0`` to ``t1`` overlapped this fault (widened
+        by OUTAGE_GRACE_S) and could meet it."""
+        if self.affects is not None and worker not in self.affects:
+            return False
+        return t0 <= self.up + OUTAGE_GRACE_S and t1 >= self.down - OUTAGE_GRACE_S
+
+    def excusable(self) -> bool:
+        return outages_excused() or (self.outage and self.length() > RETRY_BUDGET_S)
+
+    def __repr__(self) -> str:
+        return f"{self.what} ({self.length():.1f} s)"
+
+
+class Faults:
+    """The store's faults: on s3s-fs the server is killed and started again on its port and
+    data; on Ceph (a cluster of s3_servers.start_rgw) the processes spread over its two
+    gateways (GATEWAY_OF), one gateway's radosgw is stopped and started again
+    (``gateway_outage``) and one OSD is stopped and brought back (``osd_down``, ``osd_up``);
+    any other S3 server is reached through a Relay that is stopped and started again. Each
+    fault's span goes into ``windows``. ``store_config(name)`` is what process ``name`` must
+    use, ``other_store_config(name)`` the one through the other gateway (the same on a store
+    with one endpoint)."""
 
     def __init__(self, kind: str, store_config: dict) -> None:
         self.kind = "none"
-        self.store_config = dict(store_config)
-        self.window: tuple[float, float] | None = None
+        self.windows: list[Window] = []
+        self._configs = {1: dict(store_config), 2: dict(store_config)}
         self._relay: Relay | None = None
         self._restart = False
+        self.cluster: dict | None = None
         if kind == "local":
             return
         servers = sys.modules.get("s3_servers")
         if servers is not None and servers.restartable(store_config):
             self._restart = True
             self.kind = "s3s-fs restarted"
+            return
+        if servers is not None and servers.rgw_cluster(store_config) is not None:
+            self.cluster = servers.rgw_cluster(store_config)
+            self._configs[2]["endpoint_override"] = self.cluster["endpoint_2"]
+            self.kind = f"Ceph: radosgw rgw.{STOPPED_GATEWAY} stopped and started, {STOPPED_OSD} stopped and started"
             return
         endpoint = store_config.get("endpoint_override") or ""
         scheme, _, hostport = endpoint.rpartition("://")
@@ -401,30 +483,58 @@ class Outage:
             return
         self._relay = Relay(host or "127.0.0.1", int(port))
         self._relay.start()
-        self.store_config["endpoint_override"] = f"127.0.0.1:{self._relay.port}"
+        for config in self._configs.values():
+            config["endpoint_override"] = f"127.0.0.1:{self._relay.port}"
         self.kind = "relay stopped and restarted"
 
-    def happen(self) -> None:
-        if self._relay is None and not self._restart:
-            return
+    def store_config(self, name: str) -> dict:
+        return dict(self._configs[GATEWAY_OF[name] if self.cluster else 1])
+
+    def other_store_config(self, name: str) -> dict:
+        return dict(self._configs[3 - GATEWAY_OF[name]] if self.cluster else self._configs[1])
+
+    def gateway_outage(self) -> None:
+        """The server goes down and comes back: s3s-fs or the relay for OUTAGE_S, or on Ceph
+        one gateway, stopped (its radosgw process exits) and started again after OUTAGE_S
+        (start-daemon returns once it answers)."""
         down = time.time()
-        if self._relay is not None:
+        if self.cluster is not None:
+            servers = sys.modules["s3_servers"]
+            name = f"rgw.{STOPPED_GATEWAY}"
+            servers.rgw_daemon(self.cluster, "stop", name)
+            threading.Event().wait(OUTAGE_S)  # the outage's length: the fault itself
+            servers.rgw_daemon(self.cluster, "start", name)
+            affects = frozenset(n for n, g in GATEWAY_OF.items() if g == STOPPED_GATEWAY)
+            self.windows.append(Window(f"gateway {name} down", down, time.time(), affects))
+        elif self._relay is not None:
             self._relay.stop()
             threading.Event().wait(OUTAGE_S)  # the outage's length: the fault itself
             self._relay.start()
-        else:
-            sys.modules["s3_servers"].restart(self.store_config, OUTAGE_S, DEADLINE_S)
-        self.window = (down, time.time())
+            self.windows.append(Window("relay down", down, time.time()))
+        elif self._restart:
+            sys.modules["s3_servers"].restart(self._configs[1], OUTAGE_S, DEADLINE_S)
+            self.windows.append(Window("s3s-fs down", down, time.time()))
+
+    def osd_down(self) -> None:
+        """Ceph: stops STOPPED_OSD (returns once the monitor marked it down)."""
+        self._osd_down_at = time.time()
+        sys.modules["s3_servers"].rgw_daemon(self.cluster, "stop", STOPPED_OSD)
+
+    def osd_up(self) -> None:
+        """Ceph: starts STOPPED_OSD again (returns once every placement group is active+clean)."""
+        sys.modules["s3_servers"].rgw_daemon(self.cluster, "start", STOPPED_OSD)
+        self.windows.append(Window(f"{STOPPED_OSD} down", self._osd_down_at, time.time(), outage=False))
 
     def close(self) -> None:
         if self._relay is not None:
             self._relay.stop()
 
-    def overlaps(self, t0: float, t1: float) -> bool:
-        if self.window is None:
-            return False
-        down, up = self.window
-        return t0 <= up + OUTAGE_GRACE_S and t1 >= down - OUTAGE_GRACE_S
+    def window_of(self, worker: str, t0: float, t1: float) -> Window | None:
+        """The fault a job of ``worker`` from ``t0`` to ``t1`` overlapped, if any."""
+        for w in self.windows:
+            if w.covers(worker, t0, t1):
+                return w
+        return None
 
 
 # -- building blocks -------------------------------------------------------------------------
@@ -476,9 +586,8 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
     env = worker_env()
     py = sys.executable
     key_seed = random.randrange(1, 1 << 32)
-    outage = Outage(kind, store_config)
-    store_config = outage.store_config
-    base = {"store_config": store_config, "prefix": prefix, "key_seed": key_seed, "keys": KEYS, "batch": BATCH}
+    faults = Faults(kind, store_config)
+    base = {"prefix": prefix, "key_seed": key_seed, "keys": KEYS, "batch": BATCH}
     run_id = uuid.uuid4().hex[:8]
     workers: list[Worker] = []
     shm: list[Path] = []
@@ -486,8 +595,8 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
     def engine(name: str, standby: bool = False) -> Worker:
         engine_id = f"fleet-{run_id}-{name}"
         shm.append(Path(f"/dev/shm/vllm_offload_{engine_id}.mmap"))  # left behind by a SIGKILL
-        spec = dict(base, name=name, model=MODEL, engine_id=engine_id, rng_seed=random.randrange(1 << 30),
-                    standby=standby)
+        spec = dict(base, name=name, store_config=faults.store_config(name), model=MODEL, engine_id=engine_id,
+                    rng_seed=random.randrange(1 << 30), standby=standby)
         w = Worker(name, [py, str(WORKER), "engine", json.dumps(spec)], env, work)
         workers.append(w)
         return w
@@ -506,16 +615,22 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
         namespace = a.wait_event("ready", START_S)["namespace"]
         assert b.wait_event("ready", START_S)["namespace"] == namespace, "the engines' namespaces differ"
         mark("A, B ready")
-        tier_config = build_tier_config(store_config, prefix=prefix, namespace=namespace)
-        c = Worker("C", [c_exe, "C", json.dumps(tier_config), str(key_seed), str(KEYS), str(BATCH),
-                         str(random.randrange(1 << 30))], env, work)
+
+        def tier_config(store: dict) -> dict:
+            return build_tier_config(store, prefix=prefix, namespace=namespace)
+
+        c = Worker("C", [c_exe, "C", json.dumps(tier_config(faults.store_config("C"))), str(key_seed), str(KEYS),
+                         str(BATCH), str(random.randrange(1 << 30))], env, work)
         evictor = Worker("evictor", [py, str(WORKER), "evictor",
-                                     json.dumps(dict(base, name="evictor", tier_config=tier_config, eviction=EVICTION,
-                                                     rng_seed=random.randrange(1 << 30)))], env, work)
+                                     json.dumps(dict(base, name="evictor",
+                                                     tier_config=tier_config(faults.store_config("evictor")),
+                                                     eviction=EVICTION, rng_seed=random.randrange(1 << 30)))],
+                         env, work)
         workers += [c, evictor]
         c.wait_event("ready", DEADLINE_S)
         evictor.wait_event("ready", DEADLINE_S)
-        gc = GcLoop(cli, tier_config, GC_BUDGET_BLOCKS * BLOCK_BYTES)
+        gc_config = tier_config(faults.store_config("gc"))
+        gc = GcLoop(cli, gc_config, GC_BUDGET_BLOCKS * BLOCK_BYTES)
         gc.start()
         started = time.monotonic()
         mark("C, evictor ready; gc started")
@@ -526,16 +641,36 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
         def after(fraction):
             return lambda: time.monotonic() - started >= fraction * run_s
 
-        # 1. The server goes down and comes back while everyone works.
+        # 1. The server (on Ceph: one gateway) goes down and comes back while everyone works.
         running = [a, b, c, evictor]
         until(lambda: progressed(running, {})() and after(1 / 3)(), "every worker ran some rounds", running,
               timeout=run_s + DEADLINE_S)
-        outage.happen()
-        mark(f"outage ({outage.kind})")
+        faults.gateway_outage()
+        mark(f"server back: {faults.windows[-1] if faults.windows else 'no outage'}")
         marks = {w.name: w.rounds() for w in running}
-        up = outage.window[1] if outage.window else 0.0
+        up = faults.windows[-1].up if faults.windows else 0.0
         until(lambda: progressed(running, marks)() and gc.ok_runs_after(up) >= 1,
               "every worker and gc worked after the outage", running)
+
+        # 1b. On Ceph, one OSD goes down: the pools (size 3, min_size 2) stay writable, so the
+        # fleet works on and stores blocks; then it comes back and recovers (active+clean).
+        if faults.cluster is not None:
+            faults.osd_down()
+            osd_down_at = time.monotonic()
+            mark(f"{STOPPED_OSD} down")
+            marks = {w.name: w.rounds() for w in running}
+            stores_before = sum(w.figure("stores") for w in running)
+            until(lambda: progressed(running, marks)() and sum(w.figure("stores") for w in running) > stores_before
+                  and time.monotonic() - osd_down_at >= OSD_DOWN_S,
+                  f"every worker worked and blocks were stored while {STOPPED_OSD} was down", running)
+            osd_stores = sum(w.figure("stores") for w in running) - stores_before
+            mark(f"{STOPPED_OSD} starting")
+            faults.osd_up()
+            mark(f"{STOPPED_OSD} back, active+clean ({osd_stores} blocks stored while it was down)")
+            marks = {w.name: w.rounds() for w in running}
+            up = faults.windows[-1].up
+            until(lambda: progressed(running, marks)() and gc.ok_runs_after(up) >= 1,
+                  f"every worker and gc worked after {STOPPED_OSD} came back", running)
 
         # 2. Engine B is SIGKILLed mid-run and started again.
         b2.wait_event("standby", START_S)
@@ -565,7 +700,7 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
         evictor_report = evictor.wait_event("final", DEADLINE_S)
         evictor.wait_exit()
         mark("evictor stopped")
-        final_gc = run_gc([cli, "gc", "--config", json.dumps(tier_config),
+        final_gc = run_gc([cli, "gc", "--config", json.dumps(gc_config),
                            "--max-bytes", str(FINAL_GC_BUDGET_BLOCKS * BLOCK_BYTES), "--json"])
         assert final_gc["rc"] == 0, final_gc
         mark(f"last gc deleted {final_gc.get('deleted')}")
@@ -580,20 +715,29 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
             assert w.wait_exit() == 0, w.diagnostics()
         mark("final stores done")
 
-        # 5. A fresh tier, in a new process, loads every one of them.
-        check_keys = sorted({k for r in reports.values() for k in r["stored_after_miss"] + r["final_hits"]})
-        verifier = Worker("verify", [py, str(WORKER), "verify",
-                                     json.dumps(dict(base, tier_config=tier_config, check=check_keys))], env, work)
-        workers.append(verifier)
-        verify = verifier.wait_event("final", DEADLINE_S)
-        assert verifier.wait_exit() == 0, verifier.diagnostics()
-        mark("fresh tier checked")
+        # 5. A fresh tier, in a new process, loads every one of them, each through the other
+        # gateway from the one its engine stored it through (on a store with one endpoint:
+        # through that one).
+        through: dict[str, set] = {}
+        for name, r in reports.items():
+            other = json.dumps(faults.other_store_config(name), sort_keys=True)
+            through.setdefault(other, set()).update(r["stored_after_miss"] + r["final_hits"])
+        verifies = []
+        for n, (store, keys) in enumerate(sorted(through.items())):
+            verifier = Worker(f"verify{n + 1}", [py, str(WORKER), "verify",
+                                                 json.dumps(dict(base, tier_config=tier_config(json.loads(store)),
+                                                                 check=sorted(keys)))], env, work)
+            workers.append(verifier)
+            verifies.append(verifier.wait_event("final", DEADLINE_S))
+            assert verifier.wait_exit() == 0, verifier.diagnostics()
+        verify = merge_verifies(verifies)
+        mark(f"fresh tier checked ({len(verifies)} through {'the other gateway' if faults.cluster else 'the store'})")
     finally:
         if gc is not None:
             gc.stop()
         for w in workers:
             w.close()
-        outage.close()
+        faults.close()
         for path in shm:
             try:
                 path.unlink()
@@ -604,8 +748,8 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
               "wrong_events": b.of("wrong")}
     return {
         "kind": kind,
-        "outage": outage.kind,
-        "outage_window": outage.window,
+        "outage": faults.kind,
+        "outage_windows": [(w.what, w.down, w.up) for w in faults.windows],
         "run_s": ran_s,
         "timeline": timeline,
         "namespace": namespace,
@@ -616,13 +760,26 @@ def run_fleet(kind: str, store_config: dict, prefix: str, work: Path, run_s: flo
         "final_gc": final_gc,
         "verify": verify,
         "wrong_events": [e for w in workers for e in w.of("wrong")],
-        "_outage": outage,
+        "_faults": faults,
     }
+
+
+def merge_verifies(reports: list[dict]) -> dict:
+    """The fresh tiers' reports as one: figures summed, missing keys joined."""
+    merged = dict(reports[0])
+    for r in reports[1:]:
+        for field in ("loads", "wrong", "checked", "found", "jobs_submitted", "duplicate_results", "unknown_results",
+                      "library_jobs_without_result"):
+            merged[field] = merged.get(field, 0) + r.get(field, 0)
+        merged["missing"] = merged["missing"] + r["missing"]
+        merged["statuses"] = dict(collections.Counter(merged["statuses"]) + collections.Counter(r["statuses"]))
+        merged["unexpected"] = merged.get("unexpected", []) + r.get("unexpected", [])
+    return merged
 
 
 def check(result: dict) -> dict:
     """The soak's assertions; returns the figures of the summary line."""
-    outage: Outage = result["_outage"]
+    faults: Faults = result["_faults"]
     reports = dict(result["engines"], evictor=result["evictor"])
     problems: list[str] = []
 
@@ -645,29 +802,43 @@ def check(result: dict) -> dict:
             if vj.get("submitted", 0) != vj.get("succeeded", 0) + vj.get("failed", 0):
                 problems.append(f"{name}: vLLM jobs {vj}")
 
-    # Statuses: OK or NotFound; CONNECT/IO/TIMEOUT only for jobs in flight during the outage.
+    # Statuses: OK or NotFound; CONNECT/IO/TIMEOUT only for jobs in flight during a fault that
+    # could reach them, and then only when outages are excused (outages_excused) or the fault
+    # outlasted the retry budget.
     statuses: collections.Counter = collections.Counter()
     excused: list[dict] = []
+    in_outages: collections.Counter = collections.Counter()  # failed keys (and gc runs) per fault
     for name, r in reports.items():
         statuses += statuses_of(r)
         for u in r["unexpected"]:
             st = status_name(u["status"]) if isinstance(u["status"], int) else u["status"]
-            if st in OUTAGE_STATUSES and outage.overlaps(u["t0"], u["t1"]):
-                excused.append(dict(u, worker=name, status=st))
+            window = faults.window_of(name, u["t0"], u["t1"]) if st in OUTAGE_STATUSES else None
+            if window is not None:
+                in_outages[window.what] += 1
+            if window is not None and window.excusable():
+                excused.append(dict(u, worker=name, status=st, window=window.what))
+            elif window is not None:
+                problems.append(f"{name}: a {u['kind']} key ended {st} in the {window!r}, which a retry budget "
+                                f"of {RETRY_BUDGET_S:.0f} s must bridge (strict): {u}")
             else:
-                problems.append(f"{name}: a {u['kind']} key ended {st} outside the outage "
-                                f"{outage.window}: {u}")
+                problems.append(f"{name}: a {u['kind']} key ended {st} outside every outage "
+                                f"{faults.windows}: {u}")
     for bad in set(statuses) - {"OK", "NOT_FOUND"} - OUTAGE_STATUSES:
         problems.append(f"status {bad} seen {statuses[bad]} times")
 
-    # gc: every run succeeded, but those overlapping the outage.
+    # gc: every run succeeded, but those overlapping a fault that could reach them.
     gc_failed = [g for g in result["gc_runs"] if g["rc"] != 0]
     for g in gc_failed:
-        if outage.overlaps(g["t0"], g["t1"]):
+        window = faults.window_of("gc", g["t0"], g["t1"])
+        if window is not None:
+            in_outages[f"gc runs in the {window.what}"] += 1
+        if window is not None and window.excusable():
             excused.append({"worker": "gc", "status": f"exit {g['rc']}", "t0": g["t0"], "t1": g["t1"],
-                            "message": g["stderr"]})
+                            "message": g["stderr"], "window": window.what})
+        elif window is not None:
+            problems.append(f"kvtier gc failed in the {window!r} (strict): {g}")
         else:
-            problems.append(f"kvtier gc failed outside the outage: {g}")
+            problems.append(f"kvtier gc failed outside every outage {faults.windows}: {g}")
     gc_deleted = sum(g.get("deleted", 0) for g in result["gc_runs"])
 
     # The final check: no failure; every block stored after a MISS found by a fresh tier.
@@ -691,6 +862,10 @@ def check(result: dict) -> dict:
 
     loads = sum(r["loads"] for r in reports.values()) + result["killed"]["loads"] + verify["loads"]
     summary = {
+        "jobs": sum(r.get("jobs_submitted", 0) for r in reports.values()),
+        "keys": sum(statuses.values()),
+        "in_outages": dict(in_outages),
+        "strict": not outages_excused(),
         "loads": loads,
         "wrong": sum(r["wrong"] for r in reports.values()) + result["killed"]["wrong"] + verify["wrong"],
         "stored_after_miss": len(stored_after_miss),
@@ -714,6 +889,8 @@ def summary_line(name: str, result: dict, s: dict) -> str:
     return (f"fleet soak [{name}]: {s['run_s']:.0f} s; loads {s['loads']} ({per}, B killed after {k['rounds']} "
             f"rounds {k['loads']}, evictor {result['evictor']['loads']}, fresh tier {result['verify']['loads']}); "
             f"wrong bytes {s['wrong']}; stored after MISS found afterwards {s['found_after']}/"
-            f"{s['stored_after_miss']}; key statuses {s['statuses']} ({s['excused']} excused by the outage); "
-            f"gc {s['gc_runs']} runs ({s['gc_failed']} failed in the outage), {s['gc_deleted']} deleted; "
-            f"evicted {s['evicted']}; outage: {result['outage']}")
+            f"{s['stored_after_miss']}; jobs {s['jobs']}, keys {s['keys']}, key statuses {s['statuses']}; "
+            f"failures inside outages {s['in_outages'] or 0} ({s['excused']} keys excused, "
+            f"{'strict' if s['strict'] else 'outages excused'}); "
+            f"gc {s['gc_runs']} runs ({s['gc_failed']} failed), {s['gc_deleted']} deleted; "
+            f"evicted {s['evicted']}; faults: {result['outage']}")

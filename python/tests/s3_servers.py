@@ -2,16 +2,18 @@
 loopback ports.
 
 ``start_all()`` starts them (s3s-fs from the project's ``tools/bin``, installed by
-``scripts/install-tools.sh``; moto_server from the PATH or ``tools/venv``; a one-node Ceph
-cluster with radosgw from ``scripts/ceph-rgw.sh run``), creates one bucket on each, and
-returns vLLM ``store_config`` dicts for them. The servers are killed when the Python
-process exits (the Ceph daemons die with their supervising script).
+``scripts/install-tools.sh``; moto_server from the PATH or ``tools/venv``; a Ceph cluster
+of three memstore OSDs and two radosgw gateways from ``scripts/ceph-rgw.sh run``), creates
+one bucket on each, and returns vLLM ``store_config`` dicts for them (Ceph's through its
+first gateway; ``rgw_cluster`` finds the cluster behind it, with its second gateway, and
+``rgw_daemon`` stops and starts one of its gateways or OSDs). The servers are killed when
+the Python process exits (the Ceph daemons die with their supervising script).
 
 The building blocks are the project's one way to run a loopback server, shared with the
 other suites and the benchmarks (ffi-tests/on_s3_servers.py and tests/interop import this
 file from this directory, bench/common.py loads it by its path): ``free_port``, ``serve`` (start a program on a
 free port and wait until it answers there and holds the listening socket), ``find_program``,
-``s3s_fs_argv``, ``moto_argv`` and ``start_rgw``. It imports nothing outside the standard
+``s3s_fs_argv``, ``moto_argv``, ``start_rgw`` and ``rgw_daemon``. It imports nothing outside the standard
 library at import time, and nothing of the tests.
 """
 
@@ -33,6 +35,7 @@ ACCESS_KEY = "kvtier-contract-access"
 SECRET_KEY = "kvtier-contract-secret-7Hq2"
 
 _children: list[subprocess.Popen] = []
+_rgw_clusters: list[dict] = []
 
 
 def free_port() -> int:
@@ -187,18 +190,21 @@ def _stop_all() -> None:
 
 def start_rgw(access_key: str | None = None, secret_key: str | None = None, ready_s: float = 240.0,
               **popen) -> dict:
-    """A one-node Ceph cluster with radosgw (``scripts/ceph-rgw.sh run``); returns its
-    ``endpoint``, the S3 user's ``access_key`` and ``secret_key`` (the given ones, else the
-    script's), the supervising ``process`` (the daemons die with it) and the cluster's
-    ``directory``. ``popen`` goes to ``subprocess.Popen``.
+    """A Ceph cluster of three memstore OSDs and two radosgw gateways (``scripts/ceph-rgw.sh
+    run``); returns the first gateway's ``endpoint``, the second's ``endpoint_2``, the S3
+    user's ``access_key`` and ``secret_key`` (the given ones, else the script's), the
+    supervising ``process`` (the daemons die with it) and the cluster's ``directory``.
+    ``popen`` goes to ``subprocess.Popen``.
 
     A cluster that fails to come up within ``ready_s`` (a busy machine can make its start-up
-    miss a deadline; a fresh cluster now and then loses its OSD at start) is stopped and
+    miss a deadline; a fresh cluster now and then loses an OSD at start) is stopped and
     started afresh, up to three times."""
     errors = []
     for _ in range(3):
         try:
-            return _start_rgw_once(access_key, secret_key, ready_s, popen)
+            cluster = _start_rgw_once(access_key, secret_key, ready_s, popen)
+            _rgw_clusters.append(cluster)
+            return cluster
         except RuntimeError as exc:
             errors.append(str(exc))
     raise RuntimeError("Ceph RGW did not start in three attempts; the last:\n" + errors[-1])
@@ -229,8 +235,37 @@ def _start_rgw_once(access_key: str | None, secret_key: str | None, ready_s: flo
         time.sleep(0.2)
     _children.append(child)
     values = dict(line.split("=", 1) for line in env_file.read_text().split() if "=" in line)
-    return {"endpoint": values["RGW_ENDPOINT"], "access_key": values["RGW_ACCESS_KEY"],
-            "secret_key": values["RGW_SECRET_KEY"], "process": child, "directory": cluster}
+    return {"endpoint": values["RGW_ENDPOINT"], "endpoint_2": values["RGW_ENDPOINT_2"],
+            "access_key": values["RGW_ACCESS_KEY"], "secret_key": values["RGW_SECRET_KEY"], "process": child,
+            "directory": cluster}
+
+
+def rgw_cluster(store_config: dict) -> dict | None:
+    """The running Ceph cluster of this process whose first gateway ``store_config`` reaches
+    (see ``start_rgw``), else None."""
+    endpoint = store_config.get("endpoint_override", "")
+    for cluster in _rgw_clusters:
+        if cluster["endpoint"] == endpoint and cluster["process"].poll() is None:
+            return cluster
+    return None
+
+
+def rgw_daemon(cluster: dict, verb: str, name: str, deadline_s: float = 300.0) -> None:
+    """Stops (``verb`` "stop") or starts ("start") one daemon of ``cluster``: ``osd.0``-``osd.2``,
+    ``rgw.1`` or ``rgw.2`` (``scripts/ceph-rgw.sh stop-daemon``/``start-daemon``). Returns once
+    a stopped gateway is gone or a stopped OSD is marked down, a started gateway answers, or a
+    started OSD is up with every placement group active+clean; raises otherwise. The script
+    bounds each of its waits; ``deadline_s`` bounds the whole."""
+    script = ROOT / "scripts" / "ceph-rgw.sh"
+    try:
+        p = subprocess.run(["bash", str(script), f"{verb}-daemon", str(cluster["directory"]), name],
+                           capture_output=True, text=True, timeout=deadline_s)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"ceph-rgw.sh {verb}-daemon {name}: no end within {deadline_s:.0f} s") from exc
+    if p.returncode != 0:
+        supervisor = (Path(cluster["directory"]) / "supervisor.out").read_text(errors="replace")[-2000:]
+        raise AssertionError(f"ceph-rgw.sh {verb}-daemon {name} failed ({p.returncode}):\n{p.stderr[-3000:]}\n"
+                             f"supervisor:\n{supervisor}")
 
 
 def _create_bucket_signed(endpoint: str, access_key: str, secret_key: str) -> None:

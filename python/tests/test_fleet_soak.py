@@ -41,10 +41,11 @@ def test_fleet_soak(fleet_store, tmp_path):
     print(f"fleet soak [{name}] per worker: " + "; ".join(
         f"{n} {r['rounds']} rounds, {r['loads']} loads, {r['stores']} stores, {r.get('wrong', 0)} wrong, "
         f"statuses {dict(fleet.statuses_of(r))}" for n, r in workers.items()))
+    windows = {what: (down, up) for what, down, up in result["outage_windows"]}
     jobs = {(e["worker"], e["t0"], e["status"]): e for e in s["excused_details"]}  # one line a job
     for e in list(jobs.values())[:6]:
-        down, up = result["outage_window"]
-        print(f"fleet soak [{name}] in the outage ({up - down:.2f} s): {e['worker']} {e.get('kind', 'gc')} "
+        down, up = windows[e["window"]]
+        print(f"fleet soak [{name}] in the {e['window']} ({up - down:.2f} s): {e['worker']} {e.get('kind', 'gc')} "
               f"{e['status']}, job from {e['t0'] - down:+.2f} s to {e['t1'] - down:+.2f} s: {e['message'][-400:]}")
     assert not s["problems"], "\n".join(s["problems"])
     assert s["wrong"] == 0

@@ -26,7 +26,8 @@ pub enum Kind {
     S3sFs,
     Moto,
     MotoTls,
-    /// Ceph RGW 16 (radosgw, beast frontend) on a one-node memstore cluster.
+    /// Ceph RGW 16 (radosgw, beast frontend) on a three-OSD memstore cluster (its first
+    /// gateway).
     Rgw,
 }
 
@@ -41,7 +42,8 @@ pub const RGW_NOLIST_SECRET_KEY: &str = "kvtier-rgw-nolist-secret-8sQw";
 const MOTO_KEYS: (&str, &str) = ("moto-access", "moto-secret-Kp29vX");
 const RGW_KEYS: (&str, &str) = ("kvtier-rgw-access", "kvtier-rgw-secret-Vb71qZ");
 
-/// How long Ceph RGW may take to start (mon, OSD, radosgw and a user; 13-19 s idle).
+/// How long Ceph RGW may take to start (mon, three OSDs, two gateways and the users; 5-6 s
+/// on a quiet machine, 11-13 s on a busy one).
 const RGW_READY_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// A real S3 server on a loopback port, killed on drop.
@@ -76,8 +78,8 @@ impl Server {
         Self::launch(Kind::MotoTls, MOTO_KEYS, None, Some(tls))
     }
 
-    /// A fresh one-node Ceph cluster with radosgw (`scripts/ceph-rgw.sh run`), its data in
-    /// memory, killed with the test process.
+    /// A fresh Ceph cluster (`scripts/ceph-rgw.sh run`: three memstore OSDs, two gateways)
+    /// reached through its first gateway, its data in memory, killed with the test process.
     pub fn rgw() -> Server {
         Self::launch(Kind::Rgw, RGW_KEYS, None, None)
     }
@@ -159,9 +161,9 @@ impl Server {
     pub fn log_tail(&self) -> String {
         let mut text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         if self.kind == Kind::Rgw {
-            for daemon in ["mon.a", "osd.0", "client.rgw.a"] {
+            for daemon in ["mon.a", "osd.0", "osd.1", "osd.2", "client.rgw.1"] {
                 let log =
-                    std::fs::read_to_string(self.ceph_dir().join(format!("log/ceph-{daemon}.log")))
+                    std::fs::read_to_string(self.ceph_dir().join(format!("log/{daemon}.log")))
                         .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(15).collect();
                 text.push_str(&format!("\n--- {daemon} ---\n"));

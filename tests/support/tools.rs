@@ -34,7 +34,8 @@ pub fn kvtier_cli() -> PathBuf {
     cli
 }
 
-/// `scripts/ceph-rgw.sh`, which sets up and runs a one-node Ceph cluster with radosgw.
+/// `scripts/ceph-rgw.sh`, which sets up and runs a small Ceph cluster (three memstore OSDs, two
+/// radosgw gateways).
 pub fn ceph_rgw_script() -> PathBuf {
     let script = manifest_dir().join("scripts/ceph-rgw.sh");
     for binary in ["radosgw", "ceph-mon", "ceph-osd", "radosgw-admin"] {
