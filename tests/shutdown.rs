@@ -79,13 +79,13 @@ fn timed(end: End, tier: *mut kvt_tier, bound: Duration) -> (Option<Duration>, i
 /// Loads whose reads the kernel holds, then `end` past the grace period: it returns within
 /// the bound; the caller's pool, overwritten with a sentinel right after, stays so when the
 /// held reads are let go and their threads have gone on past them.
-fn held_loads_then(end: End) {
+fn held_loads_then(end: End, o_direct: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (store, mount) = (dir.path().join("store"), dir.path().join("mnt"));
     std::fs::create_dir_all(&mount).unwrap();
     let held = HeldFiles::mount(&mount, KEYS, BLOCK);
     let config = json!({
-        "store": {"type": "local", "path": store},
+        "store": {"type": "local", "path": store, "o_direct": o_direct},
         "shutdown_timeout_ms": GRACE.as_millis() as u64,
         "file_io_threads": KEYS + 2,
     });
@@ -98,8 +98,16 @@ fn held_loads_then(end: End) {
         std::os::unix::fs::symlink(held.file(i), &object).unwrap();
     }
     let tier = new_tier(&config);
-    // The pool outlives everything the tier could do with it: leaked.
-    let pool: &mut [u8] = Box::leak(vec![0u8; KEYS as usize * BLOCK].into_boxed_slice());
+    // The pool outlives everything the tier could do with it: leaked. Page-aligned, so that
+    // with `o_direct` the reads go O_DIRECT.
+    let layout = std::alloc::Layout::from_size_align(KEYS as usize * BLOCK, 4096).unwrap();
+    // SAFETY: a layout of non-zero size; the allocation is never freed, and is used only as
+    // this one slice.
+    let pool: &mut [u8] = unsafe {
+        let base = std::alloc::alloc_zeroed(layout);
+        assert!(!base.is_null());
+        std::slice::from_raw_parts_mut(base, layout.size())
+    };
     // SAFETY: a live handle and a pool of KEYS blocks of BLOCK bytes that is never freed.
     unsafe {
         assert_eq!(
@@ -172,12 +180,17 @@ fn held_loads_then(end: End) {
 
 #[test]
 fn free_returns_within_the_grace_while_reads_are_held_and_they_never_land() {
-    held_loads_then(End::Free);
+    held_loads_then(End::Free, false);
+}
+
+#[test]
+fn free_returns_within_the_grace_while_direct_reads_are_held_and_they_never_land() {
+    held_loads_then(End::Free, true);
 }
 
 #[test]
 fn shutdown_returns_within_the_grace_while_reads_are_held_and_reports_each_load_once() {
-    held_loads_then(End::Shutdown);
+    held_loads_then(End::Shutdown, false);
 }
 
 /// A keyring command that answers the tier's start and hangs on its first refresh: free
