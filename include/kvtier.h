@@ -568,22 +568,38 @@ enum kvt_status kvt_tier_drain(struct kvt_tier *tier, uint64_t timeout_ms);
 // Shuts the tier down, in order:
 // 1. new submissions fail with KVT_STATUS_SHUT_DOWN (and still yield their result);
 // 2. transfers not yet started are cancelled and reported as KVT_STATUS_CANCELLED;
-// 3. transfers in progress are waited for, up to `shutdown_timeout_ms` of the config,
-//    then abandoned (reported as KVT_STATUS_CANCELLED);
-// 4. the I/O threads are stopped and joined.
+// 3. transfers in progress are waited for, up to `shutdown_timeout_ms` of the config
+//    (the grace period), then abandoned (reported as KVT_STATUS_CANCELLED);
+// 4. the library stops writing the host pool: a write into it in progress (a copy of a
+//    block already read, a decryption) finishes, and none starts afterwards;
+// 5. the I/O threads are stopped, and waited for up to 1 s; a thread blocked in the
+//    kernel (a local-store read of a hung NFS mount or a failing disk) or in a keyring
+//    command is not waited for: the command is killed, and the thread is left to end
+//    when the kernel lets it go.
 //
-// When it returns, the library no longer touches the host pool. Afterwards
-// `kvt_tier_poll`, `kvt_tier_take_events`, `kvt_tier_stats`, `kvt_tier_event_fd`,
-// `kvt_tier_jobs_in_flight`, `kvt_tier_shutdown` and `kvt_tier_free` keep working; the
-// submit calls return KVT_STATUS_SHUT_DOWN and still yield their result; every other
-// call returns KVT_STATUS_SHUT_DOWN. Idempotent. Blocks. Must not run concurrently with
-// other calls on the same tier.
+// Returns within the grace period plus about 1 s, whatever a store read or a keyring
+// command is blocked in. Every job still running then yields exactly one result,
+// KVT_STATUS_CANCELLED. A read abandoned this way lands in a buffer of the library's,
+// never in the host pool: when this call returns, the library no longer reads or writes
+// the host pool and regions, and the caller may reuse or free them. Not promised: a page
+// fault of the caller's own memory that hangs (a pool backed by a hung file mapping, or
+// memory paging in from a hung swap device) delays the write in progress at step 4 for
+// as long as it hangs; no library can bound that.
+//
+// Afterwards `kvt_tier_poll`, `kvt_tier_take_events`, `kvt_tier_stats`,
+// `kvt_tier_event_fd`, `kvt_tier_jobs_in_flight`, `kvt_tier_shutdown` and `kvt_tier_free`
+// keep working; the submit calls return KVT_STATUS_SHUT_DOWN and still yield their result;
+// every other call returns KVT_STATUS_SHUT_DOWN. Idempotent. Blocks. Must not run
+// concurrently with other calls on the same tier.
 enum kvt_status kvt_tier_shutdown(struct kvt_tier *tier);
 
-// Shuts the tier down (as `kvt_tier_shutdown`) and releases the handle and everything it
-// owns, including unpolled results and the event fd. `tier` must not be used afterwards
-// and must not be freed twice (undefined behaviour). NULL is a no-op. Blocks. Must not
-// run concurrently with other calls on the same tier.
+// Shuts the tier down (as `kvt_tier_shutdown`: within the grace period plus about 1 s,
+// even while a store read or a keyring command hangs) and releases the handle and
+// everything it owns, including unpolled results and the event fd. When it returns the
+// library no longer touches the host pool or regions (a read abandoned in the kernel
+// lands in the library's own buffer, if ever). `tier` must not be used afterwards and must
+// not be freed twice (undefined behaviour). NULL is a no-op. Blocks. Must not run
+// concurrently with other calls on the same tier.
 //
 // In a fork() child of the process that created the tier, it returns at once: the
 // handle is retired without joining the tier's threads (they exist only in the parent)

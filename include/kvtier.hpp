@@ -387,7 +387,9 @@ inline void check(const Api &api, kvt_status status, const char *what)
 }
 
 // An owned kvt_tier. Move-only; the destructor calls kvt_tier_free (which shuts the tier
-// down first: jobs not started are cancelled, running ones are waited for).
+// down first: jobs not started are cancelled, running ones are waited for up to the
+// configuration's shutdown_timeout_ms, then abandoned; it returns within that plus about
+// 1 s, even while a read hangs, and the pool is no longer touched once it has).
 class Tier {
 public:
 #ifndef KVTIER_HPP_NO_LINKED_API

@@ -15,6 +15,10 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, Status};
 
+mod fence;
+
+pub(crate) use fence::CallerMemoryFence;
+
 /// Most ranges one key's object may be made of.
 pub const MAX_RANGES_PER_KEY: usize = 4096;
 /// Most ranges one job may carry, over all its keys.
@@ -301,6 +305,8 @@ pub(crate) struct BlockSlot {
     /// The engine's own buffers among the pieces, kept alive by the slot (and every slot
     /// made from it).
     keep_alive: Vec<Arc<OwnedBuffer>>,
+    /// The tier's fence, which [`copy_in`](Self::copy_in) enters (none: tests of the stores).
+    fence: Option<Arc<CallerMemoryFence>>,
 }
 
 // SAFETY: a slot is created only for memory that one load job holds alone (see
@@ -325,7 +331,15 @@ impl BlockSlot {
             starts,
             len: memory.len,
             keep_alive: Vec::new(),
+            fence: None,
         }
+    }
+
+    /// The slot, its copies from library buffers ([`copy_in`](Self::copy_in)) gated by
+    /// the tier's `fence`.
+    pub(crate) fn fenced(mut self, fence: Arc<CallerMemoryFence>) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// A slot over `memory`, some of whose pieces are the engine's own `buffers`, which
@@ -419,6 +433,25 @@ impl BlockSlot {
         true
     }
 
+    /// Copies `data`, read into a buffer of the library's, into the object at `at`, inside
+    /// the tier's fence: `Err(FenceClosed)` (and nothing written) once shutdown closed it.
+    /// For threads whose reads may outlive the job (a read held in the kernel): they read
+    /// into their own memory and copy here, so a read abandoned at shutdown never lands in
+    /// the caller's. Panics if `data` runs past the end of the object (a caller's bug).
+    pub(crate) fn copy_in(
+        &mut self,
+        at: usize,
+        data: &[u8],
+    ) -> std::result::Result<(), FenceClosed> {
+        let fence = self.fence.clone();
+        let _inside = match &fence {
+            Some(fence) => Some(fence.enter().ok_or(FenceClosed)?),
+            None => None,
+        };
+        assert!(self.write_at(at, data), "a copy past the end of the object");
+        Ok(())
+    }
+
     /// The CRC32C of the whole object as the slot holds it now.
     pub(crate) fn checksum(&self) -> u32 {
         self.pieces.iter().fold(0, |crc, piece| {
@@ -442,6 +475,7 @@ impl BlockSlot {
                 starts: Vec::new(),
                 len: end - at,
                 keep_alive: self.keep_alive.clone(),
+                fence: self.fence.clone(),
             };
             let mut i = self.starts.partition_point(|&s| s <= at) - 1;
             let mut pos = at;
@@ -471,9 +505,14 @@ impl BlockSlot {
             starts: self.starts.clone(),
             len: self.len,
             keep_alive: self.keep_alive.clone(),
+            fence: self.fence.clone(),
         }
     }
 }
+
+/// The tier shut down: the fence on caller memory is closed, and nothing was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FenceClosed;
 
 /// Counts the references to caller memory handed to the store for one job.
 ///

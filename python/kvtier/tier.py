@@ -414,13 +414,17 @@ class Tier:
         """Refuse new work, cancel what has not started, wait for what has; idempotent.
 
         Results stay available to :meth:`poll`. Waits for calls in progress on other
-        threads first, then blocks until the I/O in progress has finished.
+        threads first, then for the I/O in progress up to the configuration's
+        ``shutdown_timeout_ms``; what is still running then is abandoned (its jobs are
+        reported cancelled), so this returns within that plus about a second even while a
+        read hangs in the kernel. The pool is no longer touched once it returns.
         """
         status = self._h.exclusive(lambda ptr: Status.OK if ptr is None else _lib().kvt_tier_shutdown(ptr))
         _check(status)
 
     def close(self) -> None:
-        """Shut down and free the handle (``kvt_tier_free``); idempotent. Blocks.
+        """Shut down (as :meth:`shutdown`) and free the handle (``kvt_tier_free``);
+        idempotent. Blocks.
 
         Waits for calls in progress on other threads; calls made afterwards raise
         :class:`ShutDownError`.

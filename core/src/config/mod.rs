@@ -93,7 +93,10 @@ pub struct TierConfig {
     /// error).
     #[serde(default)]
     pub locality: Option<Locality>,
-    /// How long shutdown waits for operations already in progress before abandoning them.
+    /// How long shutdown waits for operations already in progress before abandoning them
+    /// (reported cancelled). Shutdown returns within this plus about 1 s, even while a
+    /// local-store read hangs in the kernel or a keyring command hangs: those are left
+    /// behind, and an abandoned read never reaches the caller's memory.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
     /// Record a CRC32C of every stored block (in object metadata, or an extended

@@ -229,12 +229,17 @@ impl KeySource {
     /// Reads the keyring: what a tier's start, its refreshes and the configuration's check
     /// all call. The error says where from and why, never what was read.
     pub(crate) fn load(&self) -> Result<Keyring, String> {
+        self.load_unless_stopped(&CommandStop::default())
+    }
+
+    /// As [`load`](Self::load); a command still running when `stop` is stopped is ended.
+    pub(crate) fn load_unless_stopped(&self, stop: &CommandStop) -> Result<Keyring, String> {
         let text = Zeroizing::new(match self {
             KeySource::File(path) => read_file(path, &self.value())?,
             KeySource::Env(name) => std::env::var_os(name)
                 .ok_or_else(|| format!("the keyring variable {} is not set", self.value()))?
                 .into_encoded_bytes(),
-            KeySource::Command(argv) => run_command(argv, &self.value())?,
+            KeySource::Command(argv) => run_command(argv, &self.value(), stop)?,
         });
         Keyring::parse(&text).map_err(|e| format!("{}: {e}", self.describe()))
     }
@@ -356,9 +361,56 @@ fn irregular_kind(file_type: std::fs::FileType) -> Option<&'static str> {
     }
 }
 
+/// Ends the keyring command a tier's refresh runs when the tier shuts down, so that a
+/// command that hangs neither holds the shutdown nor outlives the tier by its timeout.
+#[derive(Debug, Default)]
+pub(crate) struct CommandStop {
+    state: std::sync::Mutex<StopState>,
+}
+
+#[derive(Debug, Default)]
+struct StopState {
+    stopped: bool,
+    /// The process group of the command running now: registered once spawned, and
+    /// dropped before the command is reaped, so a kill never reaches a reused id.
+    running: Option<libc::pid_t>,
+}
+
+impl CommandStop {
+    /// Kills the command running now, if any, and every later one as soon as it starts.
+    pub(crate) fn stop(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.stopped = true;
+        if let Some(group) = state.running {
+            kill_group(group);
+        }
+    }
+
+    /// Registers `group`; killed at once if already stopped.
+    fn started(&self, group: libc::pid_t) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.running = Some(group);
+        if state.stopped {
+            kill_group(group);
+        }
+    }
+
+    /// Forgets the command (before it is reaped); whether it was stopped.
+    fn ended(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.running = None;
+        state.stopped
+    }
+}
+
+fn kill_group(group: libc::pid_t) {
+    // SAFETY: a plain kill(2) of a process group this process started and has not reaped.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+}
+
 /// Runs a keyring command (`program`: its program for messages) and returns its standard
-/// output. Its standard error is not kept: it could hold key material.
-fn run_command(argv: &[String], program: &str) -> Result<Vec<u8>, String> {
+/// output. Its standard error is not kept: it could hold key material. `stop` ends it early.
+fn run_command(argv: &[String], program: &str, stop: &CommandStop) -> Result<Vec<u8>, String> {
     // Its own process group, so that a timeout ends whatever it started too (a shell's
     // children hold its output open).
     let mut child = Command::new(&argv[0])
@@ -369,6 +421,8 @@ fn run_command(argv: &[String], program: &str) -> Result<Vec<u8>, String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot run the keyring command {program}: {e}"))?;
+    let group = child.id() as libc::pid_t;
+    stop.started(group);
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let (done_tx, done_rx) = crossbeam_channel::bounded(1);
     let reader = std::thread::spawn(move || {
@@ -381,14 +435,22 @@ fn run_command(argv: &[String], program: &str) -> Result<Vec<u8>, String> {
         read
     });
     if done_rx.recv_timeout(COMMAND_TIMEOUT).is_err() {
-        // SAFETY: a plain kill(2) of the child's process group (its pid: process_group(0)).
-        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+        // Its process group: its pid (process_group(0)).
+        kill_group(group);
+        stop.ended();
         let _ = child.wait();
         // The reader ends when the pipe closes; it is not waited for.
         drop(reader);
         return Err(format!(
             "the keyring command {program} did not finish within {} s",
             COMMAND_TIMEOUT.as_secs()
+        ));
+    }
+    if stop.ended() {
+        kill_group(group);
+        let _ = child.wait();
+        return Err(format!(
+            "the keyring command {program} was ended: the tier shut down"
         ));
     }
     let text = reader

@@ -20,7 +20,7 @@ use crate::config::{EncryptionConfig, TierConfig};
 use crate::error::{Error, Result};
 use crate::memory::{BlockMemory, BlockSlot};
 pub(crate) use format::{sealed_len, OpenError, HEADER_BYTES, TAG_BYTES};
-use keyring::{KeySource, Keyring};
+use keyring::{CommandStop, KeySource, Keyring};
 
 /// A tier's encryption: its keyring (re-read every `refresh_s` where the source can
 /// change) and the source it comes from.
@@ -29,6 +29,8 @@ pub(crate) struct Encryption {
     keyring: RwLock<Arc<Keyring>>,
     refresh: Option<Duration>,
     spares: Arc<Spares>,
+    /// Ends a refresh's keyring command at shutdown.
+    command_stop: CommandStop,
 }
 
 impl std::fmt::Debug for Encryption {
@@ -91,6 +93,7 @@ impl Encryption {
             keyring: RwLock::new(Arc::new(keyring)),
             refresh,
             spares: Arc::default(),
+            command_stop: CommandStop::default(),
         })
     }
 
@@ -110,7 +113,7 @@ impl Encryption {
     /// Reads the keyring again; a failure keeps the one the tier has. Blocking (a file
     /// read or a command): run it off the I/O threads.
     pub(crate) fn refresh(&self) {
-        match self.source.load() {
+        match self.source.load_unless_stopped(&self.command_stop) {
             Ok(keyring) => {
                 let old = self.keyring();
                 if old.ids() != keyring.ids() || old.write_key().0 != keyring.write_key().0 {
@@ -125,6 +128,12 @@ impl Encryption {
             }
             Err(e) => log::warn!("encryption: keeping the keyring the tier has: {e}"),
         }
+    }
+
+    /// Ends a refresh's keyring command if one runs, and every later one as it starts (the
+    /// tier shuts down).
+    pub(crate) fn stop_refreshing(&self) {
+        self.command_stop.stop();
     }
 
     /// Seals a block held by a store job into the object to upload under `name`, in a

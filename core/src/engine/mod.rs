@@ -17,6 +17,7 @@ mod jobs;
 mod lookup;
 mod metrics;
 mod runtime;
+mod shutdown;
 mod stats;
 mod submit;
 mod transfer;
@@ -36,7 +37,8 @@ use crate::encryption::Encryption;
 use crate::error::{panic_message, Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
 use crate::memory::{
-    BlockMemory, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB, MAX_RANGES_PER_KEY,
+    BlockMemory, CallerMemoryFence, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB,
+    MAX_RANGES_PER_KEY,
 };
 use crate::store::{ProbeOutcome, Store, UploadCheck};
 use dedup::Dedup;
@@ -77,6 +79,9 @@ pub(crate) struct TierState {
     events: events::EventQueue,
     /// Encryption at rest, when configured.
     encryption: Option<Arc<Encryption>>,
+    /// Every write into caller memory happens inside it; shutdown closes it once the grace
+    /// period is over (see [`Tier::shutdown`]).
+    caller_memory: Arc<CallerMemoryFence>,
 }
 
 struct Lookups {
@@ -208,6 +213,8 @@ impl Tier {
         let (results_tx, results_rx) = crossbeam_channel::unbounded();
         let (answers_tx, answers_rx) = crossbeam_channel::unbounded();
         log::info!("kvtier tier ready on {}", store.describe());
+        // The local store's threads copy between blocks and their buffers inside it.
+        let caller_memory = store.caller_memory_fence().unwrap_or_default();
         let shared = Arc::new(TierState {
             store,
             lookup_store,
@@ -233,6 +240,7 @@ impl Tier {
             metrics: metrics::Metrics::default(),
             events: events::EventQueue::default(),
             encryption,
+            caller_memory,
         });
         if let Some(encryption) = &shared.encryption {
             if let Some(interval) = encryption.refresh_interval() {
@@ -651,58 +659,6 @@ impl Tier {
                 .0;
         }
         Ok(())
-    }
-
-    /// Stops the tier: refuses new work, cancels work that has not started (reported as
-    /// `Cancelled`), waits for operations in progress, and stops the runtime. Afterwards
-    /// no thread of the tier touches the host pool; results stay available to `poll`.
-    /// Idempotent.
-    pub fn shutdown(&self) {
-        let runtime = self
-            .runtime
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let Some(runtime) = runtime else { return };
-        let lookup_runtime = self
-            .lookup_runtime
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        self.shared.closing.store(true, Ordering::Release);
-        self.shared.transfer_permits.close();
-        self.shared.lookup_permits.close();
-        let grace = Duration::from_millis(self.shared.config.shutdown_timeout_ms);
-        if let Err(e) = self.drain(grace) {
-            log::warn!("shutdown: {}; abandoning them", e.message);
-        }
-        // Dropping the runtime waits for blocking file I/O and drops every task, so no
-        // code of the tier runs after this line.
-        drop(runtime);
-        drop(lookup_runtime);
-        let abandoned: Vec<(u64, JobKind, KeyBatch, Instant)> = self
-            .shared
-            .table()
-            .jobs
-            .iter()
-            .filter_map(|(&id, phase)| match phase {
-                Phase::Running {
-                    kind,
-                    keys,
-                    submitted,
-                } => Some((id, *kind, keys.clone(), *submitted)),
-                Phase::Finished => None,
-            })
-            .collect();
-        for (id, kind, keys, submitted) in abandoned {
-            let e = Error::new(
-                Status::Cancelled,
-                "the tier shut down before the job finished",
-            );
-            let mut result = failed_result(id, kind, keys, &e);
-            result.seconds = submitted.elapsed().as_secs_f64();
-            self.shared.finish(result);
-        }
     }
 
     pub(crate) fn with_runtime<R>(&self, f: impl FnOnce(&Runtime) -> R) -> Option<R> {

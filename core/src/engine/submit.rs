@@ -338,8 +338,9 @@ impl Tier {
             return Err(e);
         };
         let shared = self.shared.clone();
+        let fence = self.shared.caller_memory.clone();
         let submitted = Instant::now();
-        runtime.spawn(async move {
+        let job = async move {
             let job = transfer::run_job(
                 shared.clone(),
                 kind,
@@ -359,7 +360,15 @@ impl Tier {
                 }
             };
             shared.finish(result);
-        });
+        };
+        // Every poll of the job runs inside the fence on caller memory (a load writes the
+        // block in its polls): once shutdown closed it, the job is dropped unpolled, and
+        // shutdown reports it.
+        let mut job = Box::pin(job);
+        runtime.spawn(std::future::poll_fn(move |cx| match fence.enter() {
+            Some(_inside) => std::future::Future::poll(job.as_mut(), cx),
+            None => std::task::Poll::Ready(()),
+        }));
         Ok(())
     }
 }

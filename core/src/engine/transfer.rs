@@ -296,7 +296,8 @@ async fn load_object(
     // SAFETY: the memory was checked against its pool or region at submit, and this load
     // job holds it alone until its result is polled (JobTable::hold); the engine's own
     // `buffers` among its pieces are kept alive by the slot.
-    let mut slot = unsafe { BlockSlot::with_buffers(memory, buffers) };
+    let mut slot =
+        unsafe { BlockSlot::with_buffers(memory, buffers) }.fenced(shared.caller_memory.clone());
     let first = match read_verified(shared, key, name, &mut slot, true).await {
         Err(e) if e.status == Status::Corrupt => e,
         other => return other,

@@ -272,6 +272,16 @@ impl Store {
         }
     }
 
+    /// The fence the store's own blocking threads enter to read or write caller memory
+    /// (the local store's), which the tier closes at shutdown; `None` when the store has
+    /// no such threads.
+    pub(crate) fn caller_memory_fence(&self) -> Option<Arc<crate::memory::CallerMemoryFence>> {
+        match &self.backend {
+            Backend::Local { files } => Some(files.caller_memory_fence()),
+            _ => None,
+        }
+    }
+
     /// Whether `path` exists. "Not found" is `false`; a 403 is `false` only when
     /// `missing_is_forbidden` (the principal lacks ListBucket, so S3 answers 403 for
     /// missing keys); anything else is an error. Plain-http S3 endpoints are asked on the

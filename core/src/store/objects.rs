@@ -99,7 +99,12 @@ impl Store {
     /// Deletes the object at `path`.
     pub async fn delete(&self, path: &Path) -> Result<()> {
         if let Backend::Local { files } = &self.backend {
-            return files.delete(path.as_ref());
+            // On a file I/O thread: an unlink can hang with its file system, and a load's
+            // task (which deletes a corrupt block) must never block in the kernel.
+            let (files, name) = (files.clone(), path.to_string());
+            return tokio::task::spawn_blocking(move || files.delete(&name))
+                .await
+                .map_err(|e| Error::join(&format!("delete {path}"), &e))?;
         }
         answered(self.client.delete(path))
             .await

@@ -12,8 +12,9 @@
 //! a crash never shows a partial block under an object's name. A conditional create
 //! publishes with `renameat2(RENAME_NOREPLACE)` (or `link`, where the file system lacks
 //! it), so of two writers of one key exactly one publishes. Directories are created once
-//! and remembered. A read is `pread` straight into the block, with the CRC computed per
-//! piece while the piece is in cache. Existence is a `stat` (a lookup batch's relative to the
+//! and remembered. A read is `pread` into the file I/O thread's own buffer, piece by
+//! piece, each checksummed while in cache and copied into the block inside the tier's fence
+//! (a read held in the kernel past shutdown never lands in caller memory). Existence is a `stat` (a lookup batch's relative to the
 //! namespace's directory, see [`ExistenceChecks`]). Writes and reads block: the store runs
 //! them on the runtime's bounded pool of file I/O threads (`file_io_threads`); a `stat` takes
 //! microseconds and runs where it is asked.
@@ -24,7 +25,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,14 +37,17 @@ use super::{DynStore, ReadBlock, WriteOutcome};
 use crate::config::{FsyncPolicy, LocalConfig};
 use crate::error::{Error, Result, Status};
 use crate::integrity;
-use crate::memory::BlockSlot;
+use crate::memory::{BlockSlot, CallerMemoryFence};
+use buffer::with_io_buffer;
 
 /// Bytes per buffered `pread`/`pwrite` of a block: small enough that the CRC and the
 /// kernel's copy of a piece meet it in the core's cache (L2), so the bytes come from
 /// memory once.
 const PIECE: usize = 256 << 10;
-/// Most buffers one `preadv`/`pwritev` is given (Linux's IOV_MAX).
-const MAX_IO_SLICES: usize = 1024;
+/// Bytes of a file I/O thread's buffer: one O_DIRECT request, or four buffered pieces'
+/// room (a buffered read or write uses PIECE of it). One per thread that has read or
+/// written, so at most `file_io_threads` of them (16 MiB at the default 16).
+const IO_BUFFER: usize = 1 << 20;
 /// Alignment O_DIRECT needs of memory, offsets and lengths (the largest logical block
 /// size in common use).
 const DIRECT_ALIGN: usize = 4096;
@@ -66,6 +70,9 @@ pub(super) struct LocalFiles {
     /// processes usually do).
     temp_stem: String,
     next_temp: AtomicU64,
+    /// The tier's fence on caller memory: every copy between a block and a thread's buffer
+    /// happens inside it.
+    caller_memory: Arc<CallerMemoryFence>,
 }
 
 /// An `object_store` client for the directory (listing, and tools that want one) and the
@@ -93,6 +100,7 @@ pub(super) fn open(config: &LocalConfig) -> Result<(DynStore, Arc<LocalFiles>)> 
             STORES_OPENED.fetch_add(1, Ordering::Relaxed)
         ),
         next_temp: AtomicU64::new(0),
+        caller_memory: Arc::default(),
     };
     Ok((Arc::new(fs), Arc::new(files)))
 }
@@ -165,6 +173,10 @@ fn c_path(path: &FsPath) -> io::Result<CString> {
 impl LocalFiles {
     pub(super) fn root(&self) -> &FsPath {
         &self.root
+    }
+
+    pub(super) fn caller_memory_fence(&self) -> Arc<CallerMemoryFence> {
+        self.caller_memory.clone()
     }
 
     fn file_path(&self, name: &str) -> PathBuf {
@@ -266,14 +278,16 @@ impl LocalFiles {
         let (file, temp, _) = self
             .create_temp(&target, direct)
             .map_err(|e| io_error("store", name, &e))?;
-        let published = fill(&file, body, checksum, direct).and_then(|crc| {
-            self.publish_filled(&file, &temp, &target, crc, create)
-                .map(|outcome| (outcome, crc))
-        });
+        let published =
+            fill(&file, body, checksum, direct, &self.caller_memory, name).and_then(|crc| {
+                self.publish_filled(&file, &temp, &target, crc, create)
+                    .map(|outcome| (outcome, crc))
+                    .map_err(|e| io_error("store", name, &e))
+            });
         if !matches!(published, Ok((WriteOutcome::Stored, _))) {
             let _ = std::fs::remove_file(&temp);
         }
-        published.map_err(|e| io_error("store", name, &e))
+        published
     }
 
     /// Records `crc` on the filled temporary file, syncs as configured, and publishes it.
@@ -304,6 +318,13 @@ impl LocalFiles {
 
     /// Reads the block stored under `name` into `dest`, which the file must fill exactly.
     /// Blocks the calling thread.
+    ///
+    /// The file is read into this thread's own buffer ([`with_io_buffer`]) a piece at a
+    /// time, each piece checksummed there while it is in cache and then copied into `dest`
+    /// inside the tier's fence ([`BlockSlot::copy_in`]): a read the kernel holds (a hung
+    /// NFS mount, a failing disk) past shutdown's grace period lands in the thread's buffer
+    /// when it returns, never in the caller's memory. The copy costs a memcpy of data in
+    /// cache (docs/reliability.md#shutdown).
     pub(super) fn read(
         &self,
         name: &str,
@@ -311,6 +332,8 @@ impl LocalFiles {
         checksum: bool,
     ) -> Result<ReadBlock> {
         let path = self.file_path(name);
+        // As documented for `o_direct`: blocks whose memory and size are aligned (the reads
+        // themselves go to the thread's buffer, which always is).
         let direct = self.o_direct && dest.aligned(DIRECT_ALIGN);
         let open = |direct: bool| {
             let mut options = std::fs::OpenOptions::new();
@@ -342,33 +365,40 @@ impl LocalFiles {
             ));
         }
         let recorded = integrity::file_checksum(&file);
-        let mut crc = 0u32;
-        let mut done = 0usize;
-        // O_DIRECT reads each of the slot's pieces in one request (the device is the
-        // bottleneck, and its pieces must stay aligned); buffered reads go PIECE by PIECE,
-        // each checksummed while it is in cache.
-        let piece_len = if direct { usize::MAX } else { PIECE };
+        // O_DIRECT reads IO_BUFFER bytes per request (the device is the bottleneck, and
+        // the requests stay aligned: the buffer is, and so is the block's length); buffered
+        // reads go PIECE by PIECE, each checksummed and copied while it is in cache.
+        let piece_len = if direct { IO_BUFFER } else { PIECE };
         let total = dest.len();
-        while done < total {
-            // One preadv across the slot's pieces (a block of many ranges costs no more
-            // system calls than a contiguous one).
-            let mut slices = dest.slices_at(done, piece_len);
-            let n = match read_vectored_at(&file, &mut slices, done as u64) {
-                Ok(0) => {
-                    return Err(Error::new(
-                        Status::LengthMismatch,
-                        format!("load {name}: object shorter than {total} bytes"),
-                    ))
+        let crc = with_io_buffer(|buffer| {
+            let mut crc = 0u32;
+            let mut done = 0usize;
+            while done < total {
+                let want = piece_len.min(total - done);
+                let n = match file.read_at(&mut buffer[..want], done as u64) {
+                    Ok(0) => {
+                        return Err(Error::new(
+                            Status::LengthMismatch,
+                            format!("load {name}: object shorter than {total} bytes"),
+                        ))
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_error("load", name, &e)),
+                };
+                if checksum {
+                    crc = integrity::checksum_append(crc, &buffer[..n]);
                 }
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_error("load", name, &e)),
-            };
-            if checksum {
-                crc = integrity::checksum_slices(crc, &slices, n);
+                dest.copy_in(done, &buffer[..n]).map_err(|_| {
+                    Error::new(
+                        Status::Cancelled,
+                        format!("load {name}: the tier shut down during the read"),
+                    )
+                })?;
+                done += n;
             }
-            done += n;
-        }
+            Ok(crc)
+        })?;
         Ok(ReadBlock {
             recorded,
             computed: checksum.then_some(crc),
@@ -398,30 +428,6 @@ impl LocalFiles {
     /// Deletes the block stored under `name`.
     pub(super) fn delete(&self, name: &str) -> Result<()> {
         std::fs::remove_file(self.file_path(name)).map_err(|e| io_error("delete", name, &e))
-    }
-}
-
-/// `preadv(2)`: reads into `slices` in order from `offset` of `file`, returns the bytes read.
-fn read_vectored_at(
-    file: &File,
-    slices: &mut [io::IoSliceMut<'_>],
-    offset: u64,
-) -> io::Result<usize> {
-    let count = slices.len().min(MAX_IO_SLICES) as libc::c_int;
-    // SAFETY: `IoSliceMut` is ABI-compatible with `iovec` on Unix, and each slice is a
-    // valid, writable, exclusively borrowed buffer of its length for the call.
-    let n = unsafe {
-        libc::preadv(
-            file.as_raw_fd(),
-            slices.as_mut_ptr().cast::<libc::iovec>(),
-            count,
-            offset as libc::off_t,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
     }
 }
 
@@ -512,68 +518,53 @@ fn open_dir(dir: &FsPath) -> std::result::Result<Option<OwnedFd>, i32> {
 }
 
 /// Writes `body` at the start of `file`, its pieces one after the other; with `checksum`,
-/// returns its CRC32C. Buffered PIECE by PIECE, each checksummed just before the kernel
-/// copies it (so that copy reads it from cache); with O_DIRECT each piece in one request,
-/// which the device reads by DMA.
-fn fill(file: &File, body: &PutPayload, checksum: bool, direct: bool) -> io::Result<Option<u32>> {
-    let step = if direct { usize::MAX } else { PIECE };
-    let mut crc = 0u32;
-    let mut at = 0u64;
-    // Consecutive pieces of at most `step` bytes together go in one pwritev (a block of
-    // many small ranges costs no more system calls than a contiguous one).
-    let mut batch: Vec<&[u8]> = Vec::new();
-    let mut batched = 0usize;
-    let pieces = body.iter().flat_map(|part| part.chunks(step));
-    for piece in pieces {
-        if !batch.is_empty() && (batched + piece.len() > step || batch.len() == MAX_IO_SLICES) {
-            at += write_all_vectored_at(file, &batch, at)? as u64;
-            batch.clear();
-            batched = 0;
-        }
-        if checksum {
-            crc = integrity::checksum_append(crc, piece);
-        }
-        batch.push(piece);
-        batched += piece.len();
-    }
-    if !batch.is_empty() {
-        write_all_vectored_at(file, &batch, at)?;
-    }
-    Ok(checksum.then_some(crc))
-}
-
-/// `pwritev(2)` until all of `pieces` is written from `offset` of `file`; returns the bytes
-/// written.
-fn write_all_vectored_at(file: &File, pieces: &[&[u8]], offset: u64) -> io::Result<usize> {
-    let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
-    let mut left = &mut slices[..];
-    let mut written = 0usize;
-    while !left.is_empty() {
-        // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix; each slice is a valid
-        // buffer of its length for the call, which only reads them.
-        let n = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                left.as_ptr().cast::<libc::iovec>(),
-                left.len().min(MAX_IO_SLICES) as libc::c_int,
-                (offset + written as u64) as libc::off_t,
-            )
+/// returns its CRC32C. The pieces are gathered into this thread's buffer (inside the tier's
+/// fence: a write the kernel holds past shutdown reads that buffer, never the caller's
+/// memory) and written from it, PIECE by PIECE when buffered (each checksummed there while
+/// in cache), IO_BUFFER bytes per request with O_DIRECT (the device reads them by DMA).
+/// Once shutdown has closed the fence, the write stops (`Cancelled`).
+fn fill(
+    file: &File,
+    body: &PutPayload,
+    checksum: bool,
+    direct: bool,
+    fence: &CallerMemoryFence,
+    name: &str,
+) -> Result<Option<u32>> {
+    let step = if direct { IO_BUFFER } else { PIECE };
+    with_io_buffer(|buffer| {
+        let write = |bytes: &[u8], at: u64| {
+            file.write_all_at(bytes, at)
+                .map_err(|e| io_error("store", name, &e))
         };
-        match n {
-            n if n < 0 => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
+        let mut crc = 0u32;
+        let (mut at, mut held) = (0u64, 0usize);
+        for piece in body.iter().flat_map(|part| part.chunks(step)) {
+            if held + piece.len() > step {
+                write(&buffer[..held], at)?;
+                at += held as u64;
+                held = 0;
             }
-            0 => return Err(io::ErrorKind::WriteZero.into()),
-            n => {
-                written += n as usize;
-                io::IoSlice::advance_slices(&mut left, n as usize);
+            let gathered = &mut buffer[held..held + piece.len()];
+            {
+                let _inside = fence.enter().ok_or_else(|| {
+                    Error::new(
+                        Status::Cancelled,
+                        format!("store {name}: the tier shut down during the write"),
+                    )
+                })?;
+                gathered.copy_from_slice(piece);
             }
+            if checksum {
+                crc = integrity::checksum_append(crc, gathered);
+            }
+            held += piece.len();
         }
-    }
-    Ok(written)
+        if held > 0 {
+            write(&buffer[..held], at)?;
+        }
+        Ok(checksum.then_some(crc))
+    })
 }
 
 /// Publishes `temp` as `target`, replacing what was there.
@@ -664,5 +655,6 @@ fn make_dir(root: &FsPath, dir: &FsPath) -> io::Result<()> {
     Err(last.unwrap_or_else(|| io::Error::other("the directory could not be made")))
 }
 
+mod buffer;
 #[cfg(test)]
 mod tests;

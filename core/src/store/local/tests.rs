@@ -27,7 +27,7 @@ fn files(dir: &FsPath, o_direct: bool, fsync: FsyncPolicy) -> Arc<LocalFiles> {
     open(&config).unwrap().1
 }
 
-/// Pieces of every size (more of them than one pwritev takes, and larger than PIECE)
+/// Pieces of every size (thousands of small ones, and one larger than PIECE)
 /// land in order, checksummed in order.
 #[test]
 fn fill_writes_many_pieces_in_order() {
@@ -40,7 +40,15 @@ fn fill_writes_many_pieces_in_order() {
     let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
     let path = dir.path().join("f");
     let file = File::create(&path).unwrap();
-    let crc = fill(&file, &body, true, false).unwrap();
+    let crc = fill(
+        &file,
+        &body,
+        true,
+        false,
+        &CallerMemoryFence::default(),
+        "f",
+    )
+    .unwrap();
     assert_eq!(crc, Some(integrity::checksum(&whole)));
     assert!(std::fs::read(&path).unwrap() == whole);
 }
@@ -314,6 +322,36 @@ fn an_object_written_in_pieces_is_the_object_written_whole() {
     assert_eq!(slot.checksum(), crc_whole.unwrap());
     drop(slot);
     assert_eq!([first, second].concat(), whole);
+}
+
+/// Once the tier's fence on caller memory is closed (shutdown), a read copies nothing into
+/// the block and a write copies nothing out of it: both fail `Cancelled`, the block keeps
+/// its bytes and no object or temporary file is left.
+#[test]
+fn a_closed_fence_stops_reads_and_writes_of_caller_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    for o_direct in [false, true] {
+        let f = files(dir.path(), o_direct, FsyncPolicy::None);
+        let body = vec![9u8; 2 * PIECE];
+        let name = format!("f/stored-{o_direct}");
+        write(&f, &name, &body, true, false).unwrap();
+        f.caller_memory_fence().close();
+        let mut block = vec![1u8; body.len()];
+        let memory = crate::memory::BlockMemory::new(vec![crate::memory::Piece {
+            addr: block.as_mut_ptr() as usize,
+            len: block.len(),
+        }]);
+        // SAFETY: the buffer is this test's and is not touched while the slot is used.
+        let mut slot = unsafe { BlockSlot::new(&memory) }.fenced(f.caller_memory_fence());
+        let read = f.read(&name, &mut slot, true).unwrap_err();
+        assert_eq!(read.status, Status::Cancelled, "{}", read.message);
+        drop(slot);
+        assert!(block.iter().all(|&b| b == 1), "the read wrote the block");
+        let refused = write(&f, &format!("f/refused-{o_direct}"), &body, true, false).unwrap_err();
+        assert_eq!(refused.status, Status::Cancelled, "{}", refused.message);
+        assert!(!dir.path().join(format!("f/refused-{o_direct}")).exists());
+    }
+    assert_no_temporary_files(dir.path());
 }
 
 fn assert_no_temporary_files(dir: &FsPath) {
