@@ -17,6 +17,7 @@ use kvtier::logs::LogLevel;
 use kvtier::*;
 use kvtier_core::{JobKind, Status};
 use serde_json::json;
+use support::c_tier::{last_error, CTier};
 use support::*;
 
 const BLOCK: usize = 16 * 1024;
@@ -40,13 +41,6 @@ type Call = (&'static str, Status, String);
 /// Each call the callback made, with its status and message; set when it is done.
 static CALLS: Mutex<Option<Vec<Call>>> = Mutex::new(None);
 static CALLS_DONE: Condvar = Condvar::new();
-
-fn last_error() -> String {
-    // SAFETY: never NULL, valid until the next kvt_ call on this thread.
-    unsafe { CStr::from_ptr(kvt_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 unsafe extern "C" fn on_record(
     _userdata: *mut c_void,
@@ -153,65 +147,16 @@ fn wait_for_calls() -> Vec<Call> {
     calls.take().unwrap()
 }
 
-fn new_tier(dir: &Path) -> *mut kvt_tier {
+fn new_tier(dir: &Path) -> CTier {
     let store = json!({"type": "local", "path": dir});
-    let config = CString::new(tier_json(store, json!({"checksums": true}))).unwrap();
-    let mut tier = std::ptr::null_mut();
-    // SAFETY: a NUL-terminated configuration and an out-pointer.
-    let status = unsafe { kvt_tier_new(config.as_ptr(), &mut tier) };
-    assert_eq!(status, Status::Ok, "{}", last_error());
+    let tier = CTier::new(&tier_json(store, json!({"checksums": true})));
+    tier.register_pool(BLOCKS, BLOCK, 11);
     tier
 }
 
-/// Registers a pool of random blocks with `tier`; never freed, so it outlives the tier.
-fn register_pool(tier: *mut kvt_tier) {
-    let pool = random_bytes(BLOCKS as usize * BLOCK, 11).leak();
-    // SAFETY: a live tier, and memory that stays valid for the rest of the process.
-    let registered = unsafe { kvt_tier_register_memory(tier, pool.as_mut_ptr(), BLOCKS, BLOCK) };
-    assert_eq!(registered, Status::Ok, "{}", last_error());
-}
-
-/// Submits a store or load of pool block `i` under `key(i)` and waits for its result.
-fn run(tier: *mut kvt_tier, kind: JobKind, job: u64, i: u64) -> (Status, String) {
-    let (ids, k) = ([i], key(i));
-    // SAFETY: a live tier, and one block id and one key valid for the call.
-    let submitted = unsafe {
-        match kind {
-            JobKind::Store => {
-                kvt_tier_submit_store(tier, job, ids.as_ptr(), k.as_ptr(), k.len(), 1)
-            }
-            JobKind::Load => kvt_tier_submit_load(tier, job, ids.as_ptr(), k.as_ptr(), k.len(), 1),
-        }
-    };
-    assert_eq!(submitted, Status::Ok, "{}", last_error());
-    let deadline = Instant::now() + BOUND;
-    loop {
-        // SAFETY: a live tier; its event fd.
-        let fd = unsafe { kvt_tier_event_fd(tier) };
-        let mut ready = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        unsafe { libc::poll(&mut ready, 1, 100) };
-        let mut result = std::mem::MaybeUninit::<kvt_result>::zeroed();
-        let mut count = 0;
-        // SAFETY: room for one result.
-        let polled = unsafe { kvt_tier_poll(tier, result.as_mut_ptr(), 1, &mut count) };
-        assert_eq!(polled, Status::Ok, "{}", last_error());
-        if count == 1 {
-            // SAFETY: written by the poll; its message valid until the next poll.
-            let result = unsafe { result.assume_init() };
-            assert_eq!(result.job_id, job);
-            let message = unsafe { CStr::from_ptr(result.message) }.to_string_lossy();
-            return (result.status, message.into_owned());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job {job}: no result within {BOUND:?}"
-        );
-    }
+/// Stores or loads pool block `i` under `key(i)`, and waits for its result.
+fn run(tier: &CTier, kind: JobKind, job: u64, i: u64) -> (Status, String) {
+    tier.run(kind, job, &[i], &[key(i)])
 }
 
 /// Flips a byte in the middle of every block file under `dir`.
@@ -253,14 +198,13 @@ fn calls_from_the_log_callback_work_on_any_tier() {
 
     // The tier whose I/O thread warns, and which stays usable.
     let own = new_tier(own_dir.path());
-    register_pool(own);
     for i in 0..2 {
-        assert_eq!(run(own, JobKind::Store, 10 + i, i).0, Status::Ok);
+        assert_eq!(run(&own, JobKind::Store, 10 + i, i).0, Status::Ok);
     }
     corrupt_blocks(own_dir.path());
-    OWN.store(own, Ordering::Release);
+    OWN.store(own.ptr, Ordering::Release);
     PLAN.store(USE_BOTH, Ordering::Release);
-    let (status, message) = run(own, JobKind::Load, 20, 0);
+    let (status, message) = run(&own, JobKind::Load, 20, 0);
     let calls = wait_for_calls();
     let names: Vec<_> = calls.iter().map(|c| c.0).collect();
     assert_eq!(
@@ -287,20 +231,22 @@ fn calls_from_the_log_callback_work_on_any_tier() {
         "the corrupt block's load: {status:?} {message}"
     );
     // The tier is usable: the cleared block is stored again and loads.
-    assert_eq!(run(own, JobKind::Store, 30, 1).0, Status::Ok);
-    assert_eq!(run(own, JobKind::Load, 31, 1).0, Status::Ok);
+    assert_eq!(run(&own, JobKind::Store, 30, 1).0, Status::Ok);
+    assert_eq!(run(&own, JobKind::Load, 31, 1).0, Status::Ok);
 
     // A tier shut down and freed from the callback, for its own record.
     let last_dir = tempfile::tempdir().unwrap();
     let last = new_tier(last_dir.path());
-    register_pool(last);
-    assert_eq!(run(last, JobKind::Store, 40, 0).0, Status::Ok);
+    assert_eq!(run(&last, JobKind::Store, 40, 0).0, Status::Ok);
     corrupt_blocks(last_dir.path());
-    OWN.store(last, Ordering::Release);
+    // The callback frees it.
+    let last = std::mem::ManuallyDrop::new(last);
+    OWN.store(last.ptr, Ordering::Release);
     PLAN.store(FREE_OWN, Ordering::Release);
     let (ids, k) = ([0u64], key(0));
     // SAFETY: a live tier (the callback frees it; the test does not touch it again).
-    let submitted = unsafe { kvt_tier_submit_load(last, 41, ids.as_ptr(), k.as_ptr(), k.len(), 1) };
+    let submitted =
+        unsafe { kvt_tier_submit_load(last.ptr, 41, ids.as_ptr(), k.as_ptr(), k.len(), 1) };
     assert_eq!(submitted, Status::Ok, "{}", last_error());
     let calls = wait_for_calls();
     let got: Vec<_> = calls.iter().map(|c| (c.0, c.1)).collect();
@@ -314,12 +260,8 @@ fn calls_from_the_log_callback_work_on_any_tier() {
         "{calls:#?}"
     );
 
-    // SAFETY: a live tier; NULL restores stderr.
-    unsafe {
-        kvt_tier_free(own);
-        assert_eq!(
-            kvt_set_log_callback(None, std::ptr::null_mut(), 0),
-            Status::Ok
-        );
-    }
+    drop(own);
+    // SAFETY: NULL restores stderr.
+    let unset = unsafe { kvt_set_log_callback(None, std::ptr::null_mut(), 0) };
+    assert_eq!(unset, Status::Ok);
 }
