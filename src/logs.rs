@@ -113,8 +113,8 @@ struct LogThread {
 }
 
 static LOG_THREAD: Mutex<Option<LogThread>> = Mutex::new(None);
-/// Records queued and records handed to the callback or stderr (or lost with a thread
-/// that failed to start), for `flush`.
+/// Records queued for this process's log thread, and records it handed to the callback or
+/// stderr, for `flush`.
 static QUEUED: Mutex<(u64, u64)> = Mutex::new((0, 0));
 static DELIVERED: Condvar = Condvar::new();
 /// Records dropped because the queue was full, not yet reported.
@@ -227,6 +227,9 @@ fn enqueue(record: Queued) {
         let pid = std::process::id();
         if thread.as_ref().is_none_or(|t| t.pid != pid) {
             *thread = start_log_thread(pid);
+            // A fork() child's counts are its parent's, whose queued records it never sees.
+            let mut counts = QUEUED.lock().unwrap_or_else(|p| p.into_inner());
+            counts.1 = counts.0;
         }
         thread.as_ref().map(|t| t.queue.clone())
     };
@@ -285,6 +288,15 @@ fn start_log_thread(pid: u32) -> Option<LogThread> {
 
 /// Waits, at most [`FLUSH_BOUND`], until every record queued so far has been handed on.
 fn flush() {
+    let ours = LOG_THREAD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|t| t.pid == std::process::id());
+    if !ours {
+        // No log thread in this process (none yet, or a fork() child's): nothing queued.
+        return;
+    }
     let deadline = Instant::now() + FLUSH_BOUND;
     let mut counts = QUEUED.lock().unwrap_or_else(|p| p.into_inner());
     let target = counts.0;
