@@ -103,18 +103,34 @@ fn even_sample(len: usize, n: usize) -> Vec<usize> {
     (0..n).map(|i| i * len / n).collect()
 }
 
-/// Reads one object whole through the library, which checksums it as a load does, tells
-/// whether it is encrypted, and opens it with the keyring when there is one.
-async fn read(store: &Store, name: &str, opener: Option<&ObjectOpener>) -> Read {
+/// Objects up to this size are read whole into memory, where the keyring opens them;
+/// without a keyring, larger ones (no block is that large) are streamed through the
+/// checksum, and only their first bytes read apart, to tell an encrypted object.
+const READ_WHOLE_AT_MOST: u64 = 256 << 20;
+/// The first bytes read of an object streamed: more than an encrypted object's header.
+const FIRST_BYTES: u64 = 4096;
+
+/// Reads one object through the library, which checksums it as a load does, tells whether
+/// it is encrypted, and opens it with the keyring when there is one.
+async fn read(store: &Store, name: &str, listed_bytes: u64, opener: Option<&ObjectOpener>) -> Read {
     let path = object_path(name);
-    let read = store
-        .read_checked_object(&path)
-        .await
-        .map(|(mut bytes, check)| {
-            let encrypted = is_encrypted_object(&bytes);
-            let opened = opener.map(|opener| opener.open(name, &mut bytes).map(|_| ()));
-            (check, encrypted, opened)
-        });
+    let read = if opener.is_some() || listed_bytes <= READ_WHOLE_AT_MOST {
+        store
+            .read_checked_object(&path)
+            .await
+            .map(|(mut bytes, check)| {
+                let encrypted = is_encrypted_object(&bytes);
+                let opened = opener.map(|opener| opener.open(name, &mut bytes).map(|_| ()));
+                (check, encrypted, opened)
+            })
+    } else {
+        match store.check_object(&path).await {
+            Ok(check) => first_bytes(store, &path)
+                .await
+                .map(|start| (check, is_encrypted_object(&start), None)),
+            Err(e) => Err(e),
+        }
+    };
     match read {
         Ok((check, encrypted, opened)) => Read::Done {
             bytes: check.bytes,
@@ -126,6 +142,24 @@ async fn read(store: &Store, name: &str, opener: Option<&ObjectOpener>) -> Read 
         Err(e) if e.status == Status::NotFound => Read::Gone,
         Err(e) => Read::Failed(e.message),
     }
+}
+
+/// The first [`FIRST_BYTES`] of the object at `path` (fewer if it is shorter).
+async fn first_bytes(
+    store: &Store,
+    path: &object_store::path::Path,
+) -> kvtier_core::Result<bytes::Bytes> {
+    use object_store::ObjectStoreExt;
+    store
+        .client()
+        .get_range(path, 0..FIRST_BYTES)
+        .await
+        .map_err(|e| match e {
+            object_store::Error::NotFound { .. } => {
+                kvtier_core::Error::new(Status::NotFound, format!("{path}: gone"))
+            }
+            e => kvtier_core::Error::new(Status::Io, format!("read the start of {path}: {e}")),
+        })
 }
 
 pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
@@ -196,7 +230,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         let mut progress = crate::common::Progress::new("verify");
         let reads = futures::stream::iter(chosen.iter().map(|o| {
             let (store, opener) = (&store, opener.as_ref());
-            async move { (*o, read(store, &o.name, opener).await) }
+            async move { (*o, read(store, &o.name, o.bytes, opener).await) }
         }))
         .buffer_unordered(args.concurrency);
         futures::pin_mut!(reads);
