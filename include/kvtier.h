@@ -651,9 +651,8 @@ enum kvt_status kvt_tier_request_finished(struct kvt_tier *tier, uint64_t req_id
 // `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
 // (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
 // KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and `keys` is not read; after
-// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN; called on
-// one of the tier's own threads (a log callback), KVT_STATUS_INVALID_ARGUMENT. On any
-// error `out_results` is not written. Thread-safe; must not run concurrently with
+// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN. On any
+// error `out_results` is not written. Allowed in a log callback. Thread-safe; must not run concurrently with
 // `kvt_tier_shutdown` or `kvt_tier_free` of the same tier.
 enum kvt_status kvt_tier_check_now(struct kvt_tier *tier,
                                    const uint8_t *keys,
@@ -700,15 +699,18 @@ enum kvt_status kvt_tier_take_kv_events(struct kvt_tier *tier,
 // KVT_STATUS_NULL_ARGUMENT. Blocks for the listing and deletes. Thread-safe.
 enum kvt_status kvt_tier_evict_now(struct kvt_tier *tier, struct kvt_eviction_report *out_report);
 
-// Deletes every block of the tier's namespace (the objects under its `prefix` and
-// `namespace` that have a block's name; nothing else there) and waits for it: an
-// eviction round that keeps nothing, whether or not `eviction` is configured. Each
-// deleted block yields a BlockRemoved event and is forgotten (a later store uploads it
-// again). Blocks other tiers stored into the same namespace go too; with an empty prefix
-// and namespace that is every block of the bucket. Writes what it found and did to
-// `*out_report` (zeroed on error). NULL `tier` or `out_report` is
-// KVT_STATUS_NULL_ARGUMENT; after shutdown KVT_STATUS_SHUT_DOWN. Blocks for the listing
-// and deletes. Thread-safe.
+// Deletes every block under the tier's `prefix` and `namespace`, at any depth, and waits
+// for it: an eviction round that keeps nothing, whether or not `eviction` is configured.
+// A block is an object whose name is a block's name (`<h[0:3]>/<h[3:5]>_g<group>/<h>.bin`
+// after a namespace); nothing else there is touched (probe objects, temporary files,
+// other objects). That is the namespace's blocks, also those other tiers stored, and the
+// blocks of the namespaces below it: with an empty `namespace`, every namespace under
+// the prefix; with an empty prefix and namespace, every block of the bucket. Each deleted
+// block of the tier's own namespace yields a BlockRemoved event and is forgotten (a later
+// store uploads it again); those of other namespaces are counted in the report only.
+// Writes what it found and did to `*out_report` (zeroed on error). NULL `tier` or
+// `out_report` is KVT_STATUS_NULL_ARGUMENT; after shutdown KVT_STATUS_SHUT_DOWN. Blocks
+// for the listing and deletes. Thread-safe.
 enum kvt_status kvt_tier_clear(struct kvt_tier *tier, struct kvt_eviction_report *out_report);
 
 // Deletes the blocks of `num_keys` keys (`key_len` bytes each, back to back in `keys`)
@@ -761,11 +763,19 @@ enum kvt_status kvt_tier_metrics(struct kvt_tier *tier,
 // filtered by the `RUST_LOG` environment variable (default `warn`). No record carries a
 // credential.
 //
-// Process-wide: one callback for every tier. The callback may be called from any of
-// the library's threads, several at once, and must not block for long, unwind, or call
-// `kvt_set_log_callback`; other kvt_ calls from within it are allowed (their own records
-// then go to stderr). When this function returns, the previous callback is not running
-// and is never called again, so its `userdata` may be freed. Never fails: returns
+// Process-wide: one callback for every tier. It is called on the library's log thread
+// for the records of the tiers' I/O threads (and of kvt_ calls while they wait on them),
+// and on the calling thread for those of other kvt_ calls; several calls may run at once.
+// It is never called on a tier's I/O threads, so every kvt_ call except
+// `kvt_set_log_callback` may be made from within it, with its usual statuses and
+// blocking: `kvt_tier_new`, `kvt_tier_clear`, `kvt_tier_check_now`, and
+// `kvt_tier_shutdown` and `kvt_tier_free` of any tier, also the one whose record it is
+// handling (their own records then go to stderr). It must not unwind, call
+// `kvt_set_log_callback`, or block for long: up to 4096 records of the I/O threads wait
+// for it, further ones are dropped and a later record says how many. When this function
+// returns, the records queued before it have reached the previous callback (waiting at
+// most 5 s for them), that callback is not running and is never called again, so its
+// `userdata` may be freed. Never fails: returns
 // KVT_STATUS_OK, or KVT_STATUS_INVALID_ARGUMENT for a `max_level` outside the enum.
 // Thread-safe. (A Rust program that installed its own `log` logger before the first
 // kvt_ call keeps it, and callbacks are not called.)

@@ -112,15 +112,18 @@ unsafe fn eviction_round(
     unsafe { guard_tier(name, tier, Access::Work, body) }
 }
 
-/// Deletes every block of the tier's namespace (the objects under its `prefix` and
-/// `namespace` that have a block's name; nothing else there) and waits for it: an
-/// eviction round that keeps nothing, whether or not `eviction` is configured. Each
-/// deleted block yields a BlockRemoved event and is forgotten (a later store uploads it
-/// again). Blocks other tiers stored into the same namespace go too; with an empty prefix
-/// and namespace that is every block of the bucket. Writes what it found and did to
-/// `*out_report` (zeroed on error). NULL `tier` or `out_report` is
-/// KVT_STATUS_NULL_ARGUMENT; after shutdown KVT_STATUS_SHUT_DOWN. Blocks for the listing
-/// and deletes. Thread-safe.
+/// Deletes every block under the tier's `prefix` and `namespace`, at any depth, and waits
+/// for it: an eviction round that keeps nothing, whether or not `eviction` is configured.
+/// A block is an object whose name is a block's name (`<h[0:3]>/<h[3:5]>_g<group>/<h>.bin`
+/// after a namespace); nothing else there is touched (probe objects, temporary files,
+/// other objects). That is the namespace's blocks, also those other tiers stored, and the
+/// blocks of the namespaces below it: with an empty `namespace`, every namespace under
+/// the prefix; with an empty prefix and namespace, every block of the bucket. Each deleted
+/// block of the tier's own namespace yields a BlockRemoved event and is forgotten (a later
+/// store uploads it again); those of other namespaces are counted in the report only.
+/// Writes what it found and did to `*out_report` (zeroed on error). NULL `tier` or
+/// `out_report` is KVT_STATUS_NULL_ARGUMENT; after shutdown KVT_STATUS_SHUT_DOWN. Blocks
+/// for the listing and deletes. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_clear(
     tier: *mut kvt_tier,

@@ -89,9 +89,8 @@ pub unsafe extern "C" fn kvt_tier_request_finished(tier: *mut kvt_tier, req_id: 
 /// `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong `key_len`
 /// (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
 /// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and `keys` is not read; after
-/// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN; called on
-/// one of the tier's own threads (a log callback), KVT_STATUS_INVALID_ARGUMENT. On any
-/// error `out_results` is not written. Thread-safe; must not run concurrently with
+/// shutdown (also one on another thread during the call) KVT_STATUS_SHUT_DOWN. On any
+/// error `out_results` is not written. Allowed in a log callback. Thread-safe; must not run concurrently with
 /// `kvt_tier_shutdown` or `kvt_tier_free` of the same tier.
 #[no_mangle]
 pub unsafe extern "C" fn kvt_tier_check_now(

@@ -73,11 +73,19 @@ pub unsafe extern "C" fn kvt_tier_metrics(
 /// filtered by the `RUST_LOG` environment variable (default `warn`). No record carries a
 /// credential.
 ///
-/// Process-wide: one callback for every tier. The callback may be called from any of
-/// the library's threads, several at once, and must not block for long, unwind, or call
-/// `kvt_set_log_callback`; other kvt_ calls from within it are allowed (their own records
-/// then go to stderr). When this function returns, the previous callback is not running
-/// and is never called again, so its `userdata` may be freed. Never fails: returns
+/// Process-wide: one callback for every tier. It is called on the library's log thread
+/// for the records of the tiers' I/O threads (and of kvt_ calls while they wait on them),
+/// and on the calling thread for those of other kvt_ calls; several calls may run at once.
+/// It is never called on a tier's I/O threads, so every kvt_ call except
+/// `kvt_set_log_callback` may be made from within it, with its usual statuses and
+/// blocking: `kvt_tier_new`, `kvt_tier_clear`, `kvt_tier_check_now`, and
+/// `kvt_tier_shutdown` and `kvt_tier_free` of any tier, also the one whose record it is
+/// handling (their own records then go to stderr). It must not unwind, call
+/// `kvt_set_log_callback`, or block for long: up to 4096 records of the I/O threads wait
+/// for it, further ones are dropped and a later record says how many. When this function
+/// returns, the records queued before it have reached the previous callback (waiting at
+/// most 5 s for them), that callback is not running and is never called again, so its
+/// `userdata` may be freed. Never fails: returns
 /// KVT_STATUS_OK, or KVT_STATUS_INVALID_ARGUMENT for a `max_level` outside the enum.
 /// Thread-safe. (A Rust program that installed its own `log` logger before the first
 /// kvt_ call keeps it, and callbacks are not called.)

@@ -3,19 +3,25 @@
 //! `--delete-corrupt`, deletes them. With an `encryption` configuration, each object read
 //! is also opened with the keyring: one that does not open (tampered with, copied under
 //! another name, or sealed with a key not in the ring) is reported apart, as
-//! undecryptable, and never deleted (the keyring may merely lack its key).
+//! undecryptable, and never deleted (the keyring may merely lack its key). Without an
+//! `encryption` configuration, an encrypted object (told by its header) is not judged at
+//! all: its bytes and length are not the block's. Verify names such objects, fails, and
+//! deletes nothing in that run.
 //!
-//! The length a namespace's objects must have is `--block-bytes`, or else the size most
-//! of them share (one engine configuration writes one block size per namespace).
-//! Lengths are checked for every listed object (the listing has them); checksums for
-//! the objects read.
+//! The length a namespace's objects must have is `--block-bytes` (the blocks' length: an
+//! encrypted object's is compared by the block it holds), or else the size most of them
+//! share (one engine configuration writes one block size per namespace). Lengths are
+//! checked for every listed object (the listing has them; a listed length that the
+//! encryption's overhead explains is never called wrong); checksums for the objects read.
 
 use std::collections::{BTreeMap, HashMap};
 
 use clap::Args;
 use futures::StreamExt;
 use kvtier_core::store::{object_path, Store};
-use kvtier_core::{ObjectOpener, Status};
+use kvtier_core::{
+    encrypted_block_len, encrypted_object_len, is_encrypted_object, ObjectOpener, Status,
+};
 use serde_json::{json, Value};
 
 use crate::common::{parse_positive, runtime, Failure, StoreArgs};
@@ -28,12 +34,14 @@ pub struct VerifyArgs {
     #[arg(verbatim_doc_comment, long, value_name = "N", value_parser = parse_positive)]
     pub sample: Option<usize>,
 
-    /// The length every object must have (K, M, G suffixes); default:
-    /// the size most objects of the namespace share
+    /// The length every block must have (K, M, G suffixes; an encrypted
+    /// object holds a block of this length); default: the size most
+    /// objects of the namespace share
     #[arg(verbatim_doc_comment, long, value_name = "SIZE", value_parser = parse_bytes)]
     pub block_bytes: Option<u64>,
 
-    /// Delete the corrupt objects found (wrong length or checksum)
+    /// Delete the corrupt objects found (wrong length or checksum);
+    /// nothing is deleted where encrypted objects are met without the keyring
     #[arg(long, visible_alias = "delete")]
     pub delete_corrupt: bool,
 
@@ -55,6 +63,8 @@ enum Read {
         bytes: u64,
         recorded: Option<u32>,
         computed: u32,
+        /// Whether the object is an encrypted one (its header says so).
+        encrypted: bool,
         /// With a keyring: whether the object opened, or why not.
         opened: Option<Result<(), String>>,
     },
@@ -93,30 +103,63 @@ fn even_sample(len: usize, n: usize) -> Vec<usize> {
     (0..n).map(|i| i * len / n).collect()
 }
 
-/// Reads one object whole through the library, which checksums it as a load does, and
-/// opens it with the keyring when there is one.
-async fn read(store: &Store, name: &str, opener: Option<&ObjectOpener>) -> Read {
+/// Objects up to this size are read whole into memory, where the keyring opens them;
+/// without a keyring, larger ones (no block is that large) are streamed through the
+/// checksum, and only their first bytes read apart, to tell an encrypted object.
+const READ_WHOLE_AT_MOST: u64 = 256 << 20;
+/// The first bytes read of an object streamed: more than an encrypted object's header.
+const FIRST_BYTES: u64 = 4096;
+
+/// Reads one object through the library, which checksums it as a load does, tells whether
+/// it is encrypted, and opens it with the keyring when there is one.
+async fn read(store: &Store, name: &str, listed_bytes: u64, opener: Option<&ObjectOpener>) -> Read {
     let path = object_path(name);
-    let read = match opener {
-        None => store.check_object(&path).await.map(|check| (check, None)),
-        Some(opener) => store
+    let read = if opener.is_some() || listed_bytes <= READ_WHOLE_AT_MOST {
+        store
             .read_checked_object(&path)
             .await
             .map(|(mut bytes, check)| {
-                let opened = opener.open(name, &mut bytes).map(|_| ());
-                (check, Some(opened))
-            }),
+                let encrypted = is_encrypted_object(&bytes);
+                let opened = opener.map(|opener| opener.open(name, &mut bytes).map(|_| ()));
+                (check, encrypted, opened)
+            })
+    } else {
+        match store.check_object(&path).await {
+            Ok(check) => first_bytes(store, &path)
+                .await
+                .map(|start| (check, is_encrypted_object(&start), None)),
+            Err(e) => Err(e),
+        }
     };
     match read {
-        Ok((check, opened)) => Read::Done {
+        Ok((check, encrypted, opened)) => Read::Done {
             bytes: check.bytes,
             recorded: check.recorded,
             computed: check.computed,
+            encrypted,
             opened,
         },
         Err(e) if e.status == Status::NotFound => Read::Gone,
         Err(e) => Read::Failed(e.message),
     }
+}
+
+/// The first [`FIRST_BYTES`] of the object at `path` (fewer if it is shorter).
+async fn first_bytes(
+    store: &Store,
+    path: &object_store::path::Path,
+) -> kvtier_core::Result<bytes::Bytes> {
+    use object_store::ObjectStoreExt;
+    store
+        .client()
+        .get_range(path, 0..FIRST_BYTES)
+        .await
+        .map_err(|e| match e {
+            object_store::Error::NotFound { .. } => {
+                kvtier_core::Error::new(Status::NotFound, format!("{path}: gone"))
+            }
+            e => kvtier_core::Error::new(Status::Io, format!("read the start of {path}: {e}")),
+        })
 }
 
 pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
@@ -165,6 +208,19 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             namespaces_json.push(v);
         }
         let expected_of = |name: &str| expected.get(scope.namespace_of(name)).copied();
+        // What is wrong with an object's length, if anything: `--block-bytes` is the
+        // blocks' length, so an encrypted object is judged by the block it holds.
+        let wrong_length = |name: &str, bytes: u64, encrypted: bool| -> Option<String> {
+            let want = expected_of(name)?;
+            if args.block_bytes.is_some() && encrypted {
+                return match encrypted_block_len(bytes) {
+                    Some(len) if len == want => None,
+                    Some(len) => Some(format!("holds an encrypted block of {len} bytes; the namespace's blocks are {want} bytes")),
+                    None => Some(format!("holds {bytes} bytes, which no encrypted block has")),
+                };
+            }
+            (bytes != want).then(|| format!("holds {bytes} bytes; the namespace's blocks are {want} bytes"))
+        };
 
         // Reads.
         let chosen: Vec<&Object> = match args.sample {
@@ -174,13 +230,15 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         let mut progress = crate::common::Progress::new("verify");
         let reads = futures::stream::iter(chosen.iter().map(|o| {
             let (store, opener) = (&store, opener.as_ref());
-            async move { (*o, read(store, &o.name, opener).await) }
+            async move { (*o, read(store, &o.name, o.bytes, opener).await) }
         }))
         .buffer_unordered(args.concurrency);
         futures::pin_mut!(reads);
         let mut corrupt: Vec<Corrupt> = Vec::new();
         // Objects that do not open with the keyring: never deleted.
         let mut undecryptable: Vec<(String, String)> = Vec::new();
+        // Encrypted objects met without a keyring: not judged.
+        let mut not_judged: Vec<String> = Vec::new();
         let mut errors: Vec<(String, String)> = Vec::new();
         let (mut read_count, mut bytes_read, mut good, mut unverified, mut gone) = (0usize, 0u64, 0usize, 0usize, 0usize);
         let mut read_names = std::collections::HashSet::new();
@@ -190,13 +248,17 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             match outcome {
                 Read::Gone => gone += 1,
                 Read::Failed(why) => errors.push((object.name.clone(), why)),
-                Read::Done { bytes, recorded, computed, opened } => {
+                Read::Done { bytes, encrypted: true, opened: None, .. } => {
                     bytes_read += bytes;
-                    match (expected_of(&object.name), recorded) {
-                        (Some(want), _) if bytes != want => corrupt.push(Corrupt {
+                    not_judged.push(object.name.clone());
+                }
+                Read::Done { bytes, recorded, computed, encrypted, opened } => {
+                    bytes_read += bytes;
+                    match (wrong_length(&object.name, bytes, encrypted), recorded) {
+                        (Some(detail), _) => corrupt.push(Corrupt {
                             name: object.name.clone(),
                             reason: "length",
-                            detail: format!("holds {bytes} bytes; the namespace's blocks are {want} bytes"),
+                            detail,
                         }),
                         (_, Some(recorded)) if recorded != computed => corrupt.push(Corrupt {
                             name: object.name.clone(),
@@ -218,9 +280,11 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             progress.tick(|| format!("read {read_count} of {} objects, {} corrupt", chosen.len(), corrupt.len()));
         }
         progress.finish();
-        // Objects not read: their length, from the listing.
+        // Objects not read: their length, from the listing, never called wrong where it is
+        // an encrypted block's of the length asked for.
         for o in listed.iter().filter(|o| !read_names.contains(o.name.as_str())) {
-            if let Some(want) = expected_of(&o.name).filter(|want| *want != o.bytes) {
+            let sealed = |want: u64| args.block_bytes.is_some() && encrypted_object_len(want) == o.bytes;
+            if let Some(want) = expected_of(&o.name).filter(|want| *want != o.bytes && !sealed(*want)) {
                 corrupt.push(Corrupt {
                     name: o.name.clone(),
                     reason: "length",
@@ -230,9 +294,12 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         }
         corrupt.sort_by(|a, b| a.name.cmp(&b.name));
         undecryptable.sort();
+        not_judged.sort();
         errors.sort();
 
-        let deleted = if args.delete_corrupt && !corrupt.is_empty() {
+        // Without the keyring nothing is deleted: the namespace holds encrypted objects,
+        // whose lengths and bytes this run cannot judge.
+        let deleted = if args.delete_corrupt && !corrupt.is_empty() && not_judged.is_empty() {
             let names: Vec<String> = corrupt.iter().map(|c| c.name.clone()).collect();
             Some(objects::delete(&store, &names, "verify").await)
         } else {
@@ -261,6 +328,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                     "gone": gone,
                     "corrupt": corrupt_json,
                     "undecryptable": undecryptable.iter().map(|(n, why)| json!({"name": n, "detail": why})).collect::<Vec<_>>(),
+                    "encrypted": not_judged.iter().map(|n| json!({"name": n})).collect::<Vec<_>>(),
                     "errors": all_errors,
                     "problems": ambiguous,
                 })
@@ -273,6 +341,9 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
             for (name, why) in &undecryptable {
                 println!("UNDECRYPTABLE  {name}  {why}");
             }
+            for name in &not_judged {
+                println!("ENCRYPTED  {name}  not judged: verify it with the keyring");
+            }
             for (name, why) in &errors {
                 println!("ERROR    {name}  cannot read: {why}");
             }
@@ -283,7 +354,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                 println!("PROBLEM  {problem}");
             }
             println!(
-                "{} objects under {}, {} read ({}): {} good, {} corrupt{}, {} undecryptable, {} without a checksum (length checked only), {} gone since the listing, {} unreadable",
+                "{} objects under {}, {} read ({}): {} good, {} corrupt{}, {} undecryptable, {} encrypted (not judged without the keyring), {} without a checksum (length checked only), {} gone since the listing, {} unreadable",
                 listed.len(),
                 scope.describe(),
                 read_count,
@@ -292,6 +363,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
                 corrupt.len(),
                 deleted.as_ref().map_or(String::new(), |d| format!(" ({} deleted)", corrupt.iter().filter(|c| d.gone.contains(&c.name)).count())),
                 undecryptable.len(),
+                not_judged.len(),
                 unverified,
                 gone,
                 errors.len()
@@ -303,6 +375,14 @@ pub fn run(args: &VerifyArgs) -> Result<(), Failure> {
         }
         if !undecryptable.is_empty() {
             problems.push(format!("{} objects do not open with the keyring", undecryptable.len()));
+        }
+        if !not_judged.is_empty() {
+            problems.push(format!(
+                "{} objects are encrypted and were not judged: pass the tier's configuration with its \
+                 `encryption` section (the keyring) to verify them{}",
+                not_judged.len(),
+                if args.delete_corrupt { "; nothing was deleted" } else { "" }
+            ));
         }
         if !errors.is_empty() {
             problems.push(format!("{} objects could not be read", errors.len()));

@@ -26,6 +26,8 @@ mod probe;
 mod servers;
 #[path = "cli_ops/verify.rs"]
 mod verify;
+#[path = "cli_ops/verify_encrypted.rs"]
+mod verify_encrypted;
 
 use backend::Backend;
 
@@ -51,6 +53,7 @@ on_both_backends!(
     verify::verify_finds_the_corrupt_object_and_deletes_it_on_request,
     verify::verify_reports_a_wrong_length_and_samples,
     verify::verify_tells_undecryptable_objects_from_corrupt_ones,
+    verify_encrypted::verify_judges_encrypted_objects_only_with_the_keyring,
 );
 
 tests_in!(

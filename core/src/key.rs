@@ -143,6 +143,29 @@ impl KeyLayout {
         (self.object_name(&key).ok()? == name).then_some(key)
     }
 
+    /// The key of `name` if it is a block under this layout's base at any depth: a block
+    /// of this layout, or of a namespace below its base (`<base>/<segments>/<block>`, as
+    /// the blocks of every namespace are below an empty namespace). Probe objects,
+    /// temporary files and names no key has are not blocks.
+    pub fn key_below(&self, name: &str) -> Option<Vec<u8>> {
+        if ObjectKind::of(name) != ObjectKind::Block {
+            return None;
+        }
+        let rest = if self.base.is_empty() {
+            name
+        } else {
+            name.strip_prefix(&self.base)?.strip_prefix('/')?
+        };
+        let segments: Vec<&str> = rest.split('/').collect();
+        let deeper = segments.get(..segments.len().checked_sub(3)?)?.join("/");
+        let base = match (self.base.as_str(), deeper.as_str()) {
+            (base, "") => base.to_string(),
+            ("", deeper) => deeper.to_string(),
+            (base, deeper) => format!("{base}/{deeper}"),
+        };
+        KeyLayout { base }.key_of(name)
+    }
+
     /// A name under the base that no block can ever have, for connectivity probes.
     pub fn probe_name(&self) -> String {
         if self.base.is_empty() {
@@ -365,6 +388,37 @@ mod tests {
             }
             assert_eq!(layout.key_of(&layout.probe_name()), None);
             assert_eq!(layout.key_of("elsewhere/abc/de_g0/abcdef.bin"), None);
+        }
+    }
+
+    #[test]
+    fn key_below_finds_blocks_of_every_namespace_under_the_base() {
+        let key = make_key(&[0xab, 0xcd, 0xef], 2);
+        let top = KeyLayout::new("", "").unwrap();
+        for (prefix, namespace) in [("", ""), ("", "m_r0"), ("kv", "m_r1"), ("kv", "a/b")] {
+            let name = KeyLayout::new(prefix, namespace)
+                .unwrap()
+                .object_name(&key)
+                .unwrap();
+            assert_eq!(top.key_below(&name), Some(key.clone()), "{name}");
+        }
+        let kv = KeyLayout::new("kv", "").unwrap();
+        assert_eq!(kv.key_below("kv/m_r1/abc/def_g2/abcdef.bin"), None);
+        assert_eq!(
+            kv.key_below("kv/m_r1/abc/de_g2/abcdef.bin"),
+            Some(key.clone())
+        );
+        assert_eq!(kv.key_below("m_r0/abc/de_g2/abcdef.bin"), None);
+        assert_eq!(kv.key_below("kvx/abc/de_g2/abcdef.bin"), None);
+        for not_a_block in [
+            "kv/__kvtier_probe__/abc/de_g2/abcdef.bin",
+            "kv/m/abc/de_g2/.kvtier-tmp-1-0",
+            "kv/m/notes.txt",
+            "kv/abc/de_g2",
+            "kv",
+            "",
+        ] {
+            assert_eq!(kv.key_below(not_a_block), None, "{not_a_block}");
         }
     }
 }

@@ -25,7 +25,9 @@ mod signals;
 pub mod store;
 
 pub use config::TierConfig;
-pub use encryption::{check_config, ObjectOpener};
+pub use encryption::{
+    check_config, encrypted_block_len, encrypted_object_len, is_encrypted_object, ObjectOpener,
+};
 pub use engine::is_tier_thread;
 pub use engine::{
     choose_evictions, EvictionCandidate, EvictionReason, EvictionReport, JobKind, JobResult,

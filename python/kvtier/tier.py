@@ -759,10 +759,12 @@ class Tier:
         return self._eviction_report(_lib().kvt_tier_evict_now)
 
     def clear(self) -> dict[str, int]:
-        """Deletes every block of the tier's namespace (objects under its prefix and
-        namespace with a block's name; nothing else), each a BlockRemoved event, whether or
-        not eviction is configured, and returns what it did (as :meth:`evict_now`).
-        Blocks other tiers stored into the same namespace go too."""
+        """Deletes every block under the tier's prefix and namespace, at any depth (objects
+        there with a block's name; nothing else), whether or not eviction is configured, and
+        returns what it did (as :meth:`evict_now`). Blocks other tiers stored into the same
+        namespace go too, and so do those of the namespaces below it: with an empty
+        namespace every namespace under the prefix, with both empty every block of the
+        bucket. Each deleted block of the tier's own namespace is a BlockRemoved event."""
         return self._eviction_report(_lib().kvt_tier_clear)
 
     def delete(self, keys: Sequence) -> dict[str, int]:

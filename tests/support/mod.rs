@@ -13,10 +13,11 @@
 //! - `front`: the fault-injecting `proxy` in front of a server; `emulators` (Azure Blob and
 //!   GCS), `shaper` (a remote link's latency) and `tls_relay` (TLS in front of a server);
 //! - `cli` (not re-exported, its names are common ones): the `kvtier` command line run as
-//!   a process.
+//!   a process; `c_tier` (not re-exported): a tier driven through the exported C functions.
 
 #![allow(dead_code)]
 
+pub mod c_tier;
 pub mod cli;
 pub mod emulators;
 pub mod proxy;

@@ -207,6 +207,27 @@ impl Drop for Spare {
     }
 }
 
+/// Whether `object_start`, an object's first bytes (at least [`HEADER_BYTES`] of them),
+/// is an encrypted object's header: the format's magic and a key id. Such an object can
+/// be judged only with the keyring: its bytes and length are not the block's.
+pub fn is_encrypted_object(object_start: &[u8]) -> bool {
+    format::header_key_id(object_start).is_ok()
+}
+
+/// The length of the block an encrypted object of `object_len` bytes holds, if an
+/// encrypted object can have that length.
+pub fn encrypted_block_len(object_len: u64) -> Option<u64> {
+    let len = usize::try_from(object_len).ok()?;
+    format::block_len(len).map(|len| len as u64)
+}
+
+/// The length of the encrypted object that holds a block of `block_len` bytes: the
+/// block's and the format's overhead.
+pub fn encrypted_object_len(block_len: u64) -> u64 {
+    let segments = block_len.div_ceil(format::SEGMENT_BYTES as u64).max(1);
+    HEADER_BYTES as u64 + block_len + TAG_BYTES as u64 * segments
+}
+
 /// Opens encrypted objects outside a tier, with the keyring an `encryption` configuration
 /// names: what `kvtier verify` checks them with.
 #[derive(Debug)]
@@ -314,5 +335,22 @@ impl format::Ciphertext for BlockSlot {
 
     fn copy_from(&mut self, at: usize, data: &[u8]) {
         assert!(self.write_at(at, data), "write past the end of the block");
+    }
+}
+
+#[cfg(test)]
+mod length_tests {
+    #[test]
+    fn object_and_block_lengths_are_inverse_and_the_format_s() {
+        for len in [0u64, 1, 4096, 65_535, 65_536, 65_537, 100_000, 2 << 20] {
+            let object = super::encrypted_object_len(len);
+            assert_eq!(object, super::sealed_len(len as usize) as u64, "{len}");
+            assert_eq!(super::encrypted_block_len(object), Some(len), "{len}");
+        }
+        assert_eq!(super::encrypted_block_len(10), None);
+        let header = super::format::new_header(&super::keyring::KeyId::new("v1").unwrap()).unwrap();
+        assert!(super::is_encrypted_object(&header));
+        assert!(!super::is_encrypted_object(&[0u8; super::HEADER_BYTES]));
+        assert!(!super::is_encrypted_object(b"KVTENC01"));
     }
 }

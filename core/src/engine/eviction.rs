@@ -91,7 +91,7 @@ pub(crate) async fn run(shared: Arc<TierState>, config: EvictionConfig) {
         if shared.closing.load(Ordering::Acquire) {
             return;
         }
-        match round(&shared, &config).await {
+        match round(&shared, &config, Reach::Namespace).await {
             Ok(report) if report.deleted > 0 => log::info!(
                 "eviction: deleted {} of {} blocks ({} of {} bytes)",
                 report.deleted,
@@ -105,8 +105,22 @@ pub(crate) async fn run(shared: Arc<TierState>, config: EvictionConfig) {
     }
 }
 
+/// Which blocks a round considers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// The blocks of the tier's namespace (eviction).
+    Namespace,
+    /// Every block under the tier's prefix and namespace, also those of the namespaces
+    /// below it (clear): with an empty prefix and namespace, every block of the bucket.
+    Below,
+}
+
 /// One round: list, choose, delete, report.
-pub(crate) async fn round(shared: &TierState, config: &EvictionConfig) -> Result<EvictionReport> {
+pub(crate) async fn round(
+    shared: &TierState,
+    config: &EvictionConfig,
+    reach: Reach,
+) -> Result<EvictionReport> {
     let base = shared.layout.base();
     let store = &shared.lookup_store;
     let mut listing = store.list(base);
@@ -114,8 +128,12 @@ pub(crate) async fn round(shared: &TierState, config: &EvictionConfig) -> Result
     while let Some(object) = listing.next().await {
         let object = object
             .map_err(|e| Error::new(e.status, format!("eviction: list {base}: {}", e.message)))?;
-        // Only blocks of this layout: never probe objects or anything else under the base.
-        if shared.layout.key_of(&object.name).is_some() {
+        // Only blocks: never probe objects or anything else under the base.
+        let block = match reach {
+            Reach::Namespace => shared.layout.key_of(&object.name),
+            Reach::Below => shared.layout.key_below(&object.name),
+        };
+        if block.is_some() {
             blocks.push(EvictionCandidate {
                 name: object.name,
                 bytes: object.bytes,
@@ -146,6 +164,8 @@ pub(crate) async fn round(shared: &TierState, config: &EvictionConfig) -> Result
         }
         report.deleted += 1;
         report.deleted_bytes += block.bytes;
+        // Events and dedup are about the tier's own keys: a block of a namespace below
+        // it is another namespace's, whatever its key.
         if let Some(key) = shared.layout.key_of(&block.name) {
             shared.dedup.forget(&key);
             removed.push(key);

@@ -493,20 +493,19 @@ impl Tier {
         };
         let shared = self.shared.clone();
         self.with_runtime(|rt| {
-            runtime::block_on_caller_thread(
-                rt,
-                async move { eviction::round(&shared, &config).await },
-            )
+            runtime::block_on_caller_thread(rt, async move {
+                eviction::round(&shared, &config, eviction::Reach::Namespace).await
+            })
         })
         .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
     }
 
-    /// Deletes every block of the tier's namespace (the objects under its prefix and
-    /// namespace that have a block's name; nothing else), as an eviction round with no
-    /// byte budget: each deleted block is a BlockRemoved event and is forgotten, so a
-    /// later store uploads it again. Works with or without `eviction` configured. Blocks
-    /// stored by other tiers into the same namespace go too; with an empty prefix and
-    /// namespace that is every block of the bucket.
+    /// Deletes every block under the tier's prefix and namespace, at any depth (the
+    /// objects there whose name is a block's name; nothing else), as an eviction round
+    /// with no byte budget: the namespace's blocks and those of the namespaces below it;
+    /// with an empty prefix and namespace, every block of the bucket. Each deleted block of
+    /// the tier's own namespace is a BlockRemoved event and is forgotten, so a later store
+    /// uploads it again. Works with or without `eviction` configured.
     pub fn clear(&self) -> Result<EvictionReport> {
         let everything = crate::config::EvictionConfig {
             max_bytes: Some(0),
@@ -516,7 +515,7 @@ impl Tier {
         let shared = self.shared.clone();
         self.with_runtime(|rt| {
             runtime::block_on_caller_thread(rt, async move {
-                eviction::round(&shared, &everything).await
+                eviction::round(&shared, &everything, eviction::Reach::Below).await
             })
         })
         .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
