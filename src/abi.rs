@@ -143,7 +143,8 @@ pub struct kvt_stats {
     /// (the storage client's retries and kvtier's own).
     pub retries: u64,
     /// Uploads the store refused because the body it received failed the request's
-    /// checksum (damaged in transit); each is sent again, up to max_retries times.
+    /// checksum (damaged in transit); each is sent again within the store's retry budget
+    /// (`retry_budget_ms`).
     pub damaged_uploads: u64,
     /// Loads of encrypted objects that did not open with the tier's keyring (a key not in
     /// the ring, or a failed authentication tag: tampered with or copied under another

@@ -79,7 +79,7 @@ counters! {
     evicted_blocks: "Blocks this tier's eviction removed (the namespace's byte budget or maximum age), counting a block another tier or gc deleted first: S3 answers a delete of a missing object as done.",
     evicted_bytes: "Bytes of the blocks this tier's eviction removed.",
     retries: "Requests to the store sent again after a 5xx or 429 answer or a transport error (the storage client's retries and kvtier's own).",
-    damaged_uploads: "Uploads the store refused because the body it received failed the request's checksum (damaged in transit); each is sent again, up to max_retries times.",
+    damaged_uploads: "Uploads the store refused because the body it received failed the request's checksum (damaged in transit); each is sent again within the store's retry budget (`retry_budget_ms`).",
     undecryptable_blocks: "Loads of encrypted objects that did not open with the tier's keyring (a key not in the ring, or a failed authentication tag: tampered with or copied under another name); counted apart from corrupt_blocks.",
 }
 

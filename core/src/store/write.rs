@@ -54,7 +54,8 @@ impl Store {
         } else {
             BodyChecksums::default()
         };
-        self.put_object(path, body, checksums, create, parts)
+        let put = self.put_object(path, body, checksums, create, parts);
+        budget::within(self.retry.budget, put)
             .await
             .map(|written| (written, checksums.recorded))
     }
@@ -148,7 +149,7 @@ impl Store {
             &self.client,
             path,
             mode,
-            self.max_retries,
+            self.retry,
             &self.damaged_uploads,
             |mode| {
                 let options = PutOptions {
@@ -252,7 +253,7 @@ impl Store {
             &self.client,
             path,
             PutMode::Overwrite,
-            self.max_retries,
+            self.retry,
             &self.damaged_uploads,
             |_| multipart::upload(&self.client, path, &parts, attributes),
         )
