@@ -293,7 +293,9 @@ typedef struct kvt_stats {
   uint64_t dedup_known;
   // Store keys that waited for a concurrent upload of the same key instead of uploading.
   uint64_t dedup_joined;
-  // Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
+  // Store keys the store already held (a conditional PUT answered 412, or, for an object
+  // stored in parts, a HEAD found it); not a key whose 412 followed an attempt of this
+  // tier's that may have stored it and whose object is this store's (counted as stored).
   uint64_t dedup_already_stored;
   // Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).
   uint64_t direct_requests;

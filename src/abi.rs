@@ -126,7 +126,9 @@ pub struct kvt_stats {
     pub dedup_known: u64,
     /// Store keys that waited for a concurrent upload of the same key instead of uploading.
     pub dedup_joined: u64,
-    /// Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
+    /// Store keys the store already held (a conditional PUT answered 412, or, for an object
+    /// stored in parts, a HEAD found it); not a key whose 412 followed an attempt of this
+    /// tier's that may have stored it and whose object is this store's (counted as stored).
     pub dedup_already_stored: u64,
     /// Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).
     pub direct_requests: u64,

@@ -203,6 +203,16 @@ impl HttpService for Counting {
             }
             Err(_) => true,
         };
+        // A refused connection sent nothing; a 5xx or a transport failure after that may
+        // follow a server that stored the body.
+        let may_have_landed = key.0 == Method::PUT
+            && match &answer {
+                Ok(response) => response.status().is_server_error(),
+                Err(e) => e.kind() != object_store::client::HttpErrorKind::Connect,
+            };
+        if may_have_landed {
+            answer::put_may_have_landed();
+        }
         self.ledger.answered(key, failed);
         let answer = match answer {
             Ok(response) if response.status().as_u16() >= 400 => observe_error(response).await,
