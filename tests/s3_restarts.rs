@@ -269,3 +269,38 @@ fn shutdown_cuts_retries_short() {
         results[0].message
     );
 }
+
+/// A lookup during an outage: its check repeats for at most 2 s (not the 20 s budget of
+/// jobs), then answers MISS, never HIT; once the server is back, a new lookup finds the
+/// key. The key was stored by another tier, so this one knows nothing of it.
+#[test]
+fn a_lookup_during_an_outage_answers_miss_within_its_budget() {
+    let srv = Server::s3s_fs();
+    let bucket = srv.new_bucket();
+    let store = store(&srv, &bucket);
+    let writer = tier(store.clone(), json!({}));
+    let _pool = Pool::random_registered(&writer, 1, BLOCK, 11);
+    let r = run_job(&writer, JobKind::Store, 1, &[0], &[7]);
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    let reader = tier(store, json!({}));
+    srv.stop();
+    let started = Instant::now();
+    let verdict = resolve_lookup(&reader, 1, &key(7));
+    let took = started.elapsed();
+    assert_eq!(
+        verdict,
+        kvtier_core::LookupResult::Miss,
+        "a lookup answered {verdict:?} while the store was down"
+    );
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(8),
+        "the lookup's 2 s budget ended its check after {took:?}"
+    );
+    assert_eq!(reader.stats().existence_check_errors, 1);
+    reader.request_finished(1);
+    srv.start_again(&[]);
+    assert_eq!(
+        resolve_lookup(&reader, 2, &key(7)),
+        kvtier_core::LookupResult::Hit
+    );
+}

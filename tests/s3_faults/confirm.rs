@@ -33,6 +33,11 @@ fn store_all(tier: &kvtier_core::Tier, what: &str) {
     }
 }
 
+/// PUTs through the proxy so far (the tier's start-up checks send some).
+fn puts(rig: &Front) -> u64 {
+    rig.proxy.stats().by_method.get("PUT").copied().unwrap_or(0)
+}
+
 /// A fresh tier, straight to the server, loads every key with the bytes stored.
 fn fresh_tier_loads(rig: &Front, pool: &Pool, what: &str) {
     let fresh =
@@ -71,6 +76,7 @@ pub fn a_412_after_an_ambiguous_attempt_is_confirmed() {
         );
         let pool = Pool::random_registered(&tier, KEYS, BLOCK, 61);
         rig.proxy.set_rule(first_of_each_object("PUT", fault));
+        let puts_before = puts(&rig);
         store_all(&tier, &what);
         let stats = tier.stats();
         assert_eq!(stats.keys_stored, KEYS, "{what}: {stats:?}");
@@ -84,6 +90,9 @@ pub fn a_412_after_an_ambiguous_attempt_is_confirmed() {
             proxy.by_method.get("HEAD").copied().unwrap_or(0) >= KEYS,
             "{what}: the objects found were not looked at: {proxy:?}"
         );
+        // The faulted attempt and the repeat answered 412, and no overwrite: the object
+        // found was confirmed as this store's by its length and checksum.
+        assert_eq!(puts(&rig) - puts_before, 2 * KEYS, "{what}: {proxy:?}");
         let events = tier.take_events(usize::MAX);
         assert_eq!(events.len(), JOBS as usize, "{what}: one event per job");
         let mut job_ids: Vec<u64> = events.iter().map(|e| e.job_id).collect();
@@ -130,8 +139,12 @@ pub fn a_412_over_other_bytes_after_an_ambiguous_attempt_overwrites() {
             oob_put(&straight, &name, other.clone());
             Fault::Status(500)
         });
+        let puts_before = puts(&rig);
         store_all(&tier, &what);
-        assert_eq!(rig.proxy.stats().faults("status"), KEYS, "{what}");
+        let proxy = rig.proxy.stats();
+        assert_eq!(proxy.faults("status"), KEYS, "{what}");
+        // The faulted attempt, the repeat answered 412, and the overwrite.
+        assert_eq!(puts(&rig) - puts_before, 3 * KEYS, "{what}: {proxy:?}");
         fresh_tier_loads(&rig, &pool, &what);
         assert_eq!(tier.stats().dedup_already_stored, 0, "{what}");
     }
