@@ -304,3 +304,62 @@ fn a_lookup_during_an_outage_answers_miss_within_its_budget() {
         kvtier_core::LookupResult::Hit
     );
 }
+
+/// The other request kinds across an outage of 1 s: a block of two parts stored as a
+/// multipart upload (HEAD, create, part PUTs, complete), a listing and a delete, all begun
+/// while the port refuses connections: each succeeds once the server is back.
+#[test]
+fn every_request_kind_rides_out_a_restart() {
+    use futures::StreamExt;
+    const LARGE: usize = 10 << 20;
+    let srv = Server::s3s_fs();
+    let bucket = srv.new_bucket();
+    let store = with(store(&srv, &bucket), "store_part_bytes", json!(5 << 20));
+    oob_put(&store, "other/a.bin", vec![1; 100]);
+    oob_put(&store, "other/b.bin", vec![2; 100]);
+    let tier = tier(store.clone(), json!({}));
+    let pool = Pool::random_registered(&tier, 1, LARGE, 12);
+    srv.stop();
+    tier.submit(JobKind::Store, 1, &[0], keys(&[5])).unwrap();
+    let straight = store.clone();
+    let listing_and_delete = std::thread::spawn(move || {
+        block_on(async {
+            let other = oob_store(&straight);
+            let listed: Vec<_> = other.list("other").collect().await;
+            let deleted = other
+                .delete(&kvtier_core::store::object_path("other/b.bin"))
+                .await;
+            (listed, deleted)
+        })
+    });
+    std::thread::sleep(Duration::from_secs(1)); // the outage itself: the fault under test
+    srv.start_again(&[]);
+    let stored = wait_all(&tier, 1).remove(&1).unwrap();
+    assert_eq!(stored.status, Status::Ok, "{}", stored.message);
+    let (listed, deleted) = listing_and_delete.join().unwrap();
+    let names: Vec<String> = listed
+        .into_iter()
+        .map(|item| {
+            item.unwrap_or_else(|e| panic!("listing across the outage: {e}"))
+                .name
+        })
+        .collect();
+    assert!(names.iter().any(|n| n == "other/a.bin"), "{names:?}");
+    deleted.unwrap_or_else(|e| panic!("delete across the outage: {e}"));
+    assert_eq!(oob_get(&store, "other/b.bin"), None);
+    drop(tier);
+    let fresh = tier_with_pool(store, LARGE);
+    let r = run_job(&fresh.0, JobKind::Load, 1, &[0], &[5]);
+    assert_eq!(r.status, Status::Ok, "{}", r.message);
+    assert!(
+        fresh.1.block(0) == pool.block(0),
+        "the large block loads other bytes"
+    );
+}
+
+fn tier_with_pool(store: Value, block: usize) -> (Tier, Pool) {
+    let fresh = tier(store, json!({}));
+    let mut pool = Pool::new(1, block);
+    pool.register(&fresh);
+    (fresh, pool)
+}
