@@ -256,7 +256,8 @@ pub(crate) fn status_of_answer(answer: &ErrorAnswer) -> Option<Status> {
 /// did or did not act on it: a timeout or a connection cut mid-exchange. `object_store`
 /// repeats such requests only when it deems them idempotent, which a conditional PUT
 /// (`If-None-Match: *`) is not in its eyes; for kvtier it is, because a repeat that finds
-/// the object answers 412 and counts as stored.
+/// the object answers 412, and the object found is then confirmed as this write's or
+/// overwritten (`Store::settle_found`).
 pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
     use object_store::client::HttpErrorKind;
     matches!(
