@@ -294,7 +294,9 @@ typedef struct kvt_stats {
   uint64_t dedup_known;
   // Store keys that waited for a concurrent upload of the same key instead of uploading.
   uint64_t dedup_joined;
-  // Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
+  // Store keys the store already held (a conditional PUT answered 412, or, for an object
+  // stored in parts, a HEAD found it); not a key whose 412 followed an attempt of this
+  // tier's that may have stored it and whose object is this store's (counted as stored).
   uint64_t dedup_already_stored;
   // Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).
   uint64_t direct_requests;
@@ -311,7 +313,8 @@ typedef struct kvt_stats {
   // (the storage client's retries and kvtier's own).
   uint64_t retries;
   // Uploads the store refused because the body it received failed the request's
-  // checksum (damaged in transit); each is sent again, up to max_retries times.
+  // checksum (damaged in transit); each is sent again within the store's retry budget
+  // (`retry_budget_ms`).
   uint64_t damaged_uploads;
   // Loads of encrypted objects that did not open with the tier's keyring (a key not in
   // the ring, or a failed authentication tag: tampered with or copied under another

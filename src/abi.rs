@@ -126,7 +126,9 @@ pub struct kvt_stats {
     pub dedup_known: u64,
     /// Store keys that waited for a concurrent upload of the same key instead of uploading.
     pub dedup_joined: u64,
-    /// Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).
+    /// Store keys the store already held (a conditional PUT answered 412, or, for an object
+    /// stored in parts, a HEAD found it); not a key whose 412 followed an attempt of this
+    /// tier's that may have stored it and whose object is this store's (counted as stored).
     pub dedup_already_stored: u64,
     /// Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).
     pub direct_requests: u64,
@@ -143,7 +145,8 @@ pub struct kvt_stats {
     /// (the storage client's retries and kvtier's own).
     pub retries: u64,
     /// Uploads the store refused because the body it received failed the request's
-    /// checksum (damaged in transit); each is sent again, up to max_retries times.
+    /// checksum (damaged in transit); each is sent again within the store's retry budget
+    /// (`retry_budget_ms`).
     pub damaged_uploads: u64,
     /// Loads of encrypted objects that did not open with the tier's keyring (a key not in
     /// the ring, or a failed authentication tag: tampered with or copied under another

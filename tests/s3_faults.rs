@@ -1,11 +1,12 @@
 //! Faults between kvtier and real S3 servers (s3s-fs, moto and Ceph RGW), injected by the
 //! project's own proxy (`support::proxy`): dropped and reset connections, delays and
 //! stalls, 500/503 answers, cut, short and corrupted bodies, a server ignoring Range, and
-//! (on s3s-fs) the server killed mid-job and restarted.
+//! (on s3s-fs) the server killed mid-job and restarted, and conditional stores answered 412
+//! after an attempt that may have stored the object.
 //!
 //! Every test counts: each job yields exactly one result (none lost, none twice), and no
-//! key reports success with wrong bytes. Every test but the killed server and the fault
-//! matrix runs on all three servers.
+//! key reports success with wrong bytes. Every test but the killed server, the 412
+//! confirmations and the fault matrix runs on all three servers.
 //!
 //! One file per idea under `tests/s3_faults/`; this one lists the tests, named without the
 //! file that holds them.
@@ -17,6 +18,8 @@ mod support;
 mod bodies;
 #[path = "s3_faults/common.rs"]
 mod common;
+#[path = "s3_faults/confirm.rs"]
+mod confirm;
 #[path = "s3_faults/fallbacks.rs"]
 mod fallbacks;
 #[path = "s3_faults/matrix.rs"]
@@ -45,4 +48,8 @@ on_both_servers!(
 );
 
 tests_in!(restart: server_killed_mid_job_then_restarted);
+tests_in!(
+    confirm: a_412_after_an_ambiguous_attempt_is_confirmed,
+    a_412_over_other_bytes_after_an_ambiguous_attempt_overwrites
+);
 tests_in!(matrix: fault_matrix);

@@ -45,20 +45,16 @@ stores, the fresh tier.
 Checked (``check``): no block loaded with a wrong byte, by any process (checked in the
 slot when the library hands out the result, and again where vLLM's manager reads it);
 every job exactly one result (library jobs, and vLLM's jobs through the manager's own calls); every key's
-status OK or NotFound. Decision on the outages: the library retries a request that meets a
-refused or reset connection (``max_retries``, default 5), but its backoff starts at 50 ms
-and the five retries are spent within about 0.4-0.5 s, so keys in flight during an outage
-do fail, in nearly every run. While OUTAGES_EXCUSED holds, a key of a job that was in flight
-during a fault that could reach its process (its submission-to-result interval overlaps the
-fault's span, widened by OUTAGE_GRACE_S; a gateway's outage reaches only the processes
-behind that gateway) may therefore also end CONNECT, IO or TIMEOUT, and a gc run
-overlapping it may fail; such keys are counted and printed ("excused"); anything else is a
-problem. With a retry budget in time (``store.retry_budget_ms``, 20 s by default) no outage
-shorter than the budget may fail a key: OUTAGES_EXCUSED = False, or now
-KVTIER_FLEET_STRICT_OUTAGES=1, makes the check strict (failures inside faults are still
-counted per fault, and are problems; an OSD down is no outage, the pools staying writable,
-so nothing is excused for it however long it lasts). Outside the faults, on the local store,
-and in the final check, nothing may fail.
+status OK or NotFound. Decision on the outages: the library repeats a request that meets a
+refused or reset connection for its retry budget (``store.retry_budget_ms``, 20 s by
+default), so no outage shorter than the budget may fail a key, and OUTAGES_EXCUSED is
+False: failures inside faults are counted per fault (a gateway's outage reaches only the
+processes behind that gateway; a job is inside a fault when its submission-to-result
+interval overlaps the fault's span, widened by OUTAGE_GRACE_S) and printed, and every one
+is a problem; an OSD down is no outage, the pools staying writable, so nothing is excused
+for it however long it lasts. (OUTAGES_EXCUSED = True would excuse CONNECT, IO or TIMEOUT
+keys and failed gc runs inside a fault, as a library without the budget needed.) Outside
+the faults, on the local store, and in the final check, nothing may fail.
 
 Each worker reports its figures as JSON; ``check`` turns them into the soak's verdict and
 ``summary_line`` into one line per store. The fleet runs RUN_S seconds once up: the test
@@ -105,12 +101,11 @@ GC_PAUSE_S = 0.25  # between two gc runs
 OUTAGE_S = 0.5  # how long a server stays down (a fault's length, not a synchronisation)
 OUTAGE_GRACE_S = 1.0
 #: Whether a key of a job in flight during an outage may end CONNECT, IO or TIMEOUT (and a gc
-#: run overlapping it fail): the library's retries (``max_retries``, backoff from 50 ms) are
-#: spent within about 0.4-0.5 s, shorter than any outage here. Once requests are retried for a
-#: time budget (``store.retry_budget_ms``, 20 s by default) an outage shorter than the budget
-#: must fail nothing: set this to False then. KVTIER_FLEET_STRICT_OUTAGES=1 makes the check
-#: strict now, whatever this says.
-OUTAGES_EXCUSED = True
+#: run overlapping it fail). No: requests are retried for a time budget
+#: (``store.retry_budget_ms``, 20 s by default), so an outage shorter than the budget must
+#: fail nothing. True is for a library whose retries give up sooner (a check that excuses
+#: them); KVTIER_FLEET_STRICT_OUTAGES=1 makes the check strict whatever this says.
+OUTAGES_EXCUSED = False
 #: In a strict check, only an outage longer than this (the default retry budget) may fail a key.
 RETRY_BUDGET_S = 20.0
 #: On Ceph: which gateway each process reaches (A and gc through the first, B, B2, C and the

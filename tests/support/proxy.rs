@@ -49,6 +49,10 @@ pub enum Fault {
     /// Forward (the server acts on the request), then close the connection without
     /// sending the answer: a reset after the fact.
     DropResponse,
+    /// Forward (the server acts on the request), then answer this HTTP status with an S3
+    /// error body instead of the server's answer, and close the connection: a gateway
+    /// that failed after its server stored the object.
+    StatusAfter(u16),
     /// Forward (the server acts on the request), then hold the answer back for this long
     /// and close the connection: a stall the client times out on.
     StallResponse(Duration),
@@ -79,6 +83,7 @@ impl Fault {
             Fault::ShortResponse => "short_response",
             Fault::Forbid404 => "forbid_404",
             Fault::DropResponse => "drop_response",
+            Fault::StatusAfter(_) => "status_after",
             Fault::StallResponse(_) => "stall_response",
             Fault::CorruptBody => "corrupt_body",
             Fault::CorruptRequestBody => "corrupt_request_body",
@@ -627,6 +632,13 @@ fn serve(inner: &Inner, client: TcpStream) -> std::io::Result<()> {
             }
             (Fault::DropResponse, _) => {
                 copy_body(from_server, &mut std::io::sink(), rframing)?;
+                let _ = to_client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            (Fault::StatusAfter(code), _) => {
+                copy_body(from_server, &mut std::io::sink(), rframing)?;
+                write_error(&mut to_client, code, head_request)?;
+                to_client.flush()?;
                 let _ = to_client.shutdown(Shutdown::Both);
                 return Ok(());
             }

@@ -15,7 +15,7 @@ use super::process::{
     free_port, holds_listener, leak_from_parked_thread, spawn_killed_with_parent, READY_TIMEOUT,
 };
 use super::tls::Tls;
-use super::tools::{ceph_rgw_script, install_hint, moto_bin, s3s_fs_bin};
+use super::tools::{ceph_rgw_script, install_hint, moto_bin, moto_python, s3s_fs_bin};
 
 /// The key pair a fresh s3s-fs checks signatures against.
 pub const ACCESS_KEY: &str = "kvtier-test-access";
@@ -41,6 +41,20 @@ pub const RGW_NOLIST_SECRET_KEY: &str = "kvtier-rgw-nolist-secret-8sQw";
 /// creates.
 const MOTO_KEYS: (&str, &str) = ("moto-access", "moto-secret-Kp29vX");
 const RGW_KEYS: (&str, &str) = ("kvtier-rgw-access", "kvtier-rgw-secret-Vb71qZ");
+
+/// moto_server's own start (`moto.server.main`), with buckets created in its backend
+/// before it listens. Arguments: host, port, bucket names.
+const MOTO_WITH_BUCKETS: &str = r#"
+import sys
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+from moto.s3.models import s3_backends
+from werkzeug.serving import run_simple
+host, port, buckets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+for bucket in buckets:
+    s3_backends[DEFAULT_ACCOUNT_ID]["aws"].create_bucket(bucket, "us-east-1")
+run_simple(host, port, DomainDispatcherApplication(create_backend_app), threaded=True)
+"#;
 
 /// How long Ceph RGW may take to start (mon, three OSDs, two gateways and the users; 5-6 s
 /// on a quiet machine, 11-13 s on a busy one).
@@ -283,6 +297,61 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Kills the server (SIGKILL), reaps it, and checks that its port now refuses
+    /// connections: an outage begins. [`Server::start_again`] ends it.
+    pub fn stop(&self) {
+        self.kill();
+        let refused = std::net::TcpStream::connect(("127.0.0.1", self.port()))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        assert!(
+            refused,
+            "{}: port {} still answers after the kill",
+            self.name(),
+            self.port()
+        );
+    }
+
+    /// Starts the server again on the port it had, after [`Server::stop`], and waits until
+    /// it answers. s3s-fs serves the same directory, so its objects survive. moto keeps its
+    /// state in memory and has no way to save it (5.2), so it comes back empty: `buckets`
+    /// are created before it listens (a store retried between the port opening and a bucket
+    /// created afterwards would meet NoSuchBucket, which is final).
+    pub fn start_again(&self, buckets: &[&str]) {
+        let port = self.port();
+        let mut command = match self.kind {
+            Kind::S3sFs => self.command(port),
+            Kind::Moto => {
+                let mut command = Command::new(moto_python());
+                command
+                    .args(["-c", MOTO_WITH_BUCKETS, "127.0.0.1", &port.to_string()])
+                    .args(buckets);
+                command.stdout(self.log_file()).stderr(self.log_file());
+                command
+            }
+            other => panic!("{other:?} is not restarted on its port by the tests"),
+        };
+        let mut child = spawn_killed_with_parent(&mut command)
+            .unwrap_or_else(|e| panic!("cannot start {} again: {e}", self.name()));
+        if let Err(e) = self.wait_ready(&mut child, port) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{} did not start again on port {port}: {e}\n--- server log ---\n{}",
+                self.name(),
+                self.log_tail()
+            );
+        }
+        *self.child.lock().unwrap() = Some(child);
+    }
+
+    fn log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap()
     }
 
     /// Kills the server (SIGKILL) and reaps it.

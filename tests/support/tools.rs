@@ -73,6 +73,25 @@ pub fn s3s_fs_bin() -> PathBuf {
 }
 
 /// The moto_server binary: `$KVTIER_MOTO_SERVER`, else `tools/venv/bin/moto_server`, else `PATH`.
+/// The Python that runs moto_server: `$KVTIER_MOTO_PYTHON`, else the interpreter named by
+/// moto_server's `#!` line, else `python3` on PATH.
+pub fn moto_python() -> PathBuf {
+    if let Some(p) = from_env("KVTIER_MOTO_PYTHON") {
+        return p;
+    }
+    let script = std::fs::read_to_string(moto_bin()).unwrap_or_default();
+    if let Some(interpreter) = script
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("#!"))
+        .map(str::trim)
+        .filter(|path| path.contains("python") && !path.contains(' '))
+    {
+        return PathBuf::from(interpreter);
+    }
+    find_in_path("python3").unwrap_or_else(|| panic!("no python3 to run moto_server with"))
+}
+
 pub fn moto_bin() -> PathBuf {
     if let Some(p) = from_env("KVTIER_MOTO_SERVER") {
         return p;

@@ -86,9 +86,21 @@ macro_rules! with_client_settings {
             /// Milliseconds one request may take, its body included.
             #[serde(default = "default_request_timeout_ms")]
             pub request_timeout_ms: u64,
-            /// Retries per request for 5xx, throttling, timeouts and connection resets.
-            #[serde(default = "default_max_retries")]
-            pub max_retries: usize,
+            /// Milliseconds one operation (a block's load, store or existence check, a listing,
+            /// a delete) may go on repeating its requests after 5xx answers, throttling,
+            /// timeouts, refused connections and resets, counted from its first attempt: long
+            /// enough to ride out a rolling restart of a gateway. Repeats back off
+            /// exponentially with jitter, from 50 ms up to 1 s, so a server that comes back is
+            /// found within a second. An attempt under way when the budget runs out (or begun
+            /// after a backoff that straddled its end, so at most a second past it) finishes,
+            /// within `request_timeout_ms`, and its failure is the operation's. 0: no repeats. Existence checks answering lookups, and the checks a tier makes of its
+            /// store as it starts, repeat for at most 2000 ms of it.
+            #[serde(default = "default_retry_budget_ms")]
+            pub retry_budget_ms: u64,
+            /// At most this many repeats of one request, within `retry_budget_ms`. Unset
+            /// (the default): as many as the budget allows. 0: none.
+            #[serde(default)]
+            pub max_retries: Option<usize>,
         }
 
         impl $name {
@@ -98,6 +110,7 @@ macro_rules! with_client_settings {
                     ca_bundle: &self.ca_bundle,
                     connect_timeout_ms: self.connect_timeout_ms,
                     request_timeout_ms: self.request_timeout_ms,
+                    retry_budget_ms: self.retry_budget_ms,
                     max_retries: self.max_retries,
                 }
             }
@@ -111,7 +124,8 @@ pub(crate) struct ClientSettings<'a> {
     pub(crate) ca_bundle: &'a str,
     pub(crate) connect_timeout_ms: u64,
     pub(crate) request_timeout_ms: u64,
-    pub(crate) max_retries: usize,
+    pub(crate) retry_budget_ms: u64,
+    pub(crate) max_retries: Option<usize>,
 }
 
 with_client_settings! {
@@ -230,9 +244,14 @@ fn default_request_timeout_ms() -> u64 {
     30_000
 }
 
-fn default_max_retries() -> usize {
-    5
+/// Rolling restarts of MinIO, Ceph RGW or a load balancer take seconds per node.
+fn default_retry_budget_ms() -> u64 {
+    20_000
 }
+
+/// The longest `retry_budget_ms`: requests are repeated without renewing their signature,
+/// which S3 accepts for 15 minutes, and temporary credentials may expire sooner.
+pub(crate) const MAX_RETRY_BUDGET_MS: u64 = 300_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -386,7 +405,8 @@ impl GcsConfig {
 }
 
 impl ClientSettings<'_> {
-    /// Timeouts of at least a millisecond, at most 100 retries.
+    /// Timeouts of at least a millisecond, a retry budget of at most five minutes, at most
+    /// 100 retries.
     fn check(&self) -> Result<()> {
         for (name, value) in [
             ("connect_timeout_ms", self.connect_timeout_ms),
@@ -398,10 +418,16 @@ impl ClientSettings<'_> {
                 )));
             }
         }
-        if self.max_retries > 100 {
+        if self.retry_budget_ms > MAX_RETRY_BUDGET_MS {
             return Err(Error::config(format!(
-                "store.max_retries is {}; it must be 0..=100",
-                self.max_retries
+                "store.retry_budget_ms is {}; it must be 0..={MAX_RETRY_BUDGET_MS} (milliseconds)",
+                self.retry_budget_ms
+            )));
+        }
+        if let Some(count) = self.max_retries.filter(|&count| count > 100) {
+            return Err(Error::config(format!(
+                "store.max_retries is {count}; it must be 0..=100, or left out to let \
+                 store.retry_budget_ms alone bound retries"
             )));
         }
         Ok(())

@@ -161,8 +161,13 @@ fn s3_defaults_and_vllm_store_config_keys() {
         panic!("expected s3")
     };
     assert_eq!(
-        (s3.connect_timeout_ms, s3.request_timeout_ms, s3.max_retries),
-        (5_000, 30_000, 5)
+        (
+            s3.connect_timeout_ms,
+            s3.request_timeout_ms,
+            s3.retry_budget_ms,
+            s3.max_retries
+        ),
+        (5_000, 30_000, 20_000, None)
     );
     assert!(!s3.payload_signing && s3.allow_http && !s3.use_virtual_addressing);
     assert_eq!(
@@ -186,7 +191,7 @@ fn azure_and_gcs_configs() {
             azure.max_retries,
             azure.connect_timeout_ms
         ),
-        ("kv", 1, 5_000)
+        ("kv", Some(1), 5_000)
     );
     assert!(
         !format!("{c:?}").contains("a2V5LXNlY3JldC12YWx1ZQ=="),
@@ -286,6 +291,17 @@ fn s3_value_checks() {
     assert!(e.message.contains("connect_timeout_ms"), "{}", e.message);
     let e = bad(r#""max_retries":1000"#);
     assert!(e.message.contains("max_retries"), "{}", e.message);
+    let e = bad(r#""retry_budget_ms":300001"#);
+    assert!(
+        e.message
+            .starts_with("store.retry_budget_ms is 300001; it must be 0..=300000"),
+        "{}",
+        e.message
+    );
+    let e = bad(r#""retry_budget_ms":-1"#);
+    assert!(e.message.contains("store.retry_budget_ms"), "{}", e.message);
+    let e = bad(r#""retry_budget_ms":"soon""#);
+    assert!(e.message.contains("store.retry_budget_ms"), "{}", e.message);
     let e = bad(r#""session_token":"tok-secret-123""#);
     assert!(
         e.message.contains("session_token") && !e.message.contains("tok-secret-123"),

@@ -303,7 +303,7 @@ async fn check_remote(shared: &super::TierState, keys: &[SharedKey]) -> Vec<Verd
         let started = Instant::now();
         let found = shared
             .lookup_store
-            .exists(&name, missing_is_forbidden)
+            .exists_for_lookup(&name, missing_is_forbidden)
             .await;
         check_done(shared, started, found)
     }))

@@ -73,13 +73,13 @@ counters! {
     corrupt_blocks: "Loads whose bytes did not match the recorded checksum.",
     dedup_known: "Store keys skipped without asking the store: the tier stored or found them within known_keys_ttl_ms.",
     dedup_joined: "Store keys that waited for a concurrent upload of the same key instead of uploading.",
-    dedup_already_stored: "Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it).",
+    dedup_already_stored: "Store keys the store already held (a conditional PUT answered 412, or, for an object stored in parts, a HEAD found it); not a key whose 412 followed an attempt of this tier's that may have stored it and whose object is this store's (counted as stored).",
     direct_requests: "Stores, loads and existence checks sent on the direct HTTP path (`store.direct_http`).",
     direct_fallbacks: "Of those, the ones repeated through the general HTTP client after an unexpected answer or a transport error.",
     evicted_blocks: "Blocks this tier's eviction removed (the namespace's byte budget or maximum age), counting a block another tier or gc deleted first: S3 answers a delete of a missing object as done.",
     evicted_bytes: "Bytes of the blocks this tier's eviction removed.",
     retries: "Requests to the store sent again after a 5xx or 429 answer or a transport error (the storage client's retries and kvtier's own).",
-    damaged_uploads: "Uploads the store refused because the body it received failed the request's checksum (damaged in transit); each is sent again, up to max_retries times.",
+    damaged_uploads: "Uploads the store refused because the body it received failed the request's checksum (damaged in transit); each is sent again within the store's retry budget (`retry_budget_ms`).",
     undecryptable_blocks: "Loads of encrypted objects that did not open with the tier's keyring (a key not in the ring, or a failed authentication tag: tampered with or copied under another name); counted apart from corrupt_blocks.",
 }
 

@@ -83,6 +83,29 @@ pub(crate) fn record(answer: Option<ErrorAnswer>) {
     let _ = LAST_ANSWER.try_with(|last| *last.borrow_mut() = answer);
 }
 
+tokio::task_local! {
+    /// Whether an attempt of the write under way in this task failed after its body may
+    /// have reached the server (a 5xx answer, a timeout, a connection cut mid-request).
+    static PUT_MAY_HAVE_LANDED: std::cell::Cell<bool>;
+}
+
+/// Runs one write and returns its output with whether any of its PUT attempts failed in a
+/// way that leaves open whether the server stored the body ([`put_may_have_landed`]).
+pub(crate) async fn watching_puts<F: Future>(write: F) -> (F::Output, bool) {
+    PUT_MAY_HAVE_LANDED
+        .scope(std::cell::Cell::new(false), async move {
+            let output = write.await;
+            (output, PUT_MAY_HAVE_LANDED.with(std::cell::Cell::get))
+        })
+        .await
+}
+
+/// Notes that a PUT attempt of the write under way failed after its body may have reached
+/// the server. Outside [`watching_puts`] nothing is kept.
+pub(crate) fn put_may_have_landed() {
+    let _ = PUT_MAY_HAVE_LANDED.try_with(|landed| landed.set(true));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,10 @@
 //! Store errors mapped to the library status, and turned into one-line messages.
 
-use std::time::Duration;
-
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use super::answer::ErrorAnswer;
+use super::budget::{self, BudgetSpent, RetryPolicy};
 use super::DynStore;
 use crate::error::{Error, Status};
 
@@ -161,11 +160,16 @@ fn find_in_chain<'a, T: std::error::Error + 'static>(
     None
 }
 
-/// The transport error inside a store error, if the failure happened below HTTP.
-fn http_error<'a>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a object_store::client::HttpError> {
-    find_in_chain(error)
+/// The kind of the transport error inside a store error, if the failure happened below
+/// HTTP: the kind of the failure itself where the retry budget made it final (which hands
+/// it to `object_store` as a kind it does not repeat).
+fn transport_kind(
+    error: &(dyn std::error::Error + 'static),
+) -> Option<object_store::client::HttpErrorKind> {
+    if let Some(spent) = find_in_chain::<BudgetSpent>(error) {
+        return spent.kind;
+    }
+    find_in_chain::<object_store::client::HttpError>(error).map(|http| http.kind())
 }
 
 /// Why a TLS handshake failed, as far as the advice to the user differs.
@@ -220,7 +224,7 @@ pub(crate) fn classify(failed: &Failed) -> Status {
     if tls_problem(&failed.error).is_some() {
         return Status::Tls;
     }
-    match http_error(&failed.error).map(|http| http.kind()) {
+    match transport_kind(&failed.error) {
         Some(HttpErrorKind::Connect) => Status::Connect,
         Some(HttpErrorKind::Timeout) => Status::Timeout,
         _ => Status::Io,
@@ -252,15 +256,14 @@ pub(crate) fn status_of_answer(answer: &ErrorAnswer) -> Option<Status> {
 /// did or did not act on it: a timeout or a connection cut mid-exchange. `object_store`
 /// repeats such requests only when it deems them idempotent, which a conditional PUT
 /// (`If-None-Match: *`) is not in its eyes; for kvtier it is, because a repeat that finds
-/// the object answers 412 and counts as stored.
+/// the object answers 412, and the object found is then confirmed as this write's or
+/// overwritten (`Store::settle_found`).
 pub(crate) fn is_interrupted(error: &object_store::Error) -> bool {
     use object_store::client::HttpErrorKind;
-    http_error(error).is_some_and(|h| {
-        matches!(
-            h.kind(),
-            HttpErrorKind::Timeout | HttpErrorKind::Interrupted
-        )
-    })
+    matches!(
+        transport_kind(error),
+        Some(HttpErrorKind::Timeout | HttpErrorKind::Interrupted)
+    )
 }
 
 /// Whether the server refused a PUT because the body it received does not match the
@@ -339,23 +342,25 @@ pub(super) fn direct_put_answer(
     }))
 }
 
-/// Runs `upload` (given the mode to write with) and repeats it up to `retries` times with
-/// exponential backoff and jitter, as `object_store` does for the requests it repeats
-/// itself, when the server refused the body as damaged in transit (counted in `damaged`;
-/// the repeat overwrites), and, for a create (`PutMode::Create`), on a timeout or a cut
-/// connection, which `object_store` does not repeat for a PUT it deems not idempotent. A
-/// repeated create answered 412 comes back as `AlreadyExists`: the object is in the store.
+/// Runs `upload` (given the mode to write with) and repeats it with exponential backoff
+/// and jitter while `policy` allows (the operation's retry budget, and its count if set),
+/// as `object_store` does for the requests it repeats itself, when the server refused the
+/// body as damaged in transit (counted in `damaged`; the repeat overwrites), and, for a
+/// create (`PutMode::Create`), on a timeout or a cut connection, which `object_store` does
+/// not repeat for a PUT it deems not idempotent. A repeated create answered 412 comes back
+/// as `AlreadyExists`: the object is in the store.
 pub(super) async fn repeat_refused_uploads<F>(
     store: &DynStore,
     path: &Path,
     mode: object_store::PutMode,
-    retries: usize,
+    policy: RetryPolicy,
     damaged: &std::sync::atomic::AtomicU64,
     mut upload: impl FnMut(object_store::PutMode) -> F,
 ) -> Result<object_store::PutResult, Failed>
 where
     F: std::future::Future<Output = Result<object_store::PutResult, Failed>>,
 {
+    let started = std::time::Instant::now();
     let mut mode = mode;
     let mut attempt = 0;
     loop {
@@ -374,7 +379,8 @@ where
             Err(e) if create && is_interrupted(&e.error) => "interrupted",
             _ => return outcome,
         };
-        if attempt >= retries {
+        attempt += 1;
+        if !policy.allows(attempt, started) {
             if refused {
                 // Gone rather than damaged and unchecked: a reader of an object without a
                 // recorded checksum checks only its length.
@@ -387,30 +393,16 @@ where
             }
             return outcome;
         }
-        attempt += 1;
-        let backoff = retry_backoff(attempt);
+        let backoff = budget::backoff(attempt);
         if let Err(e) = &outcome {
             log::info!(
-                "PUT {path} {why} ({}); retry {attempt} of {retries} in {} ms",
+                "PUT {path} {why} ({}); retry {attempt} in {} ms",
                 e.chain(),
                 backoff.as_millis()
             );
         }
         tokio::time::sleep(backoff).await;
     }
-}
-
-/// Backoff before retry `attempt` (1-based): 50 ms doubling up to 5 s, with full jitter
-/// over its upper half.
-fn retry_backoff(attempt: usize) -> Duration {
-    let ceiling = 50u64
-        .saturating_mul(1 << attempt.min(7).saturating_sub(1))
-        .min(5_000);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let jitter = u64::from(nanos) % (ceiling / 2 + 1);
-    Duration::from_millis(ceiling / 2 + jitter)
 }
 
 /// The error and all its sources as one line, with the credentials of any URL in it removed.

@@ -16,6 +16,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use super::answer;
+use super::budget::{self, BudgetSpent, RetryPolicy};
 use crate::config::ClientSettings;
 use crate::error::{Error, Result};
 
@@ -40,23 +41,28 @@ pub(super) fn client_options(
     Ok(options)
 }
 
-/// Exponential backoff with jitter for 5xx, throttling, timeouts and resets.
+/// Exponential backoff with jitter (50 ms up to 1 s) for 5xx, throttling, timeouts, refused
+/// connections and resets, for the retry budget from a request's first attempt (and at most
+/// `max_retries` times, when set). An operation of several requests shares one budget:
+/// see [`budget`](super::budget).
 pub(super) fn retry_config(settings: ClientSettings<'_>) -> RetryConfig {
-    let ClientSettings {
-        request_timeout_ms,
-        max_retries,
-        ..
-    } = settings;
+    let policy = retry_policy(settings);
     RetryConfig {
         backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(5),
+            init_backoff: budget::FIRST_BACKOFF,
+            max_backoff: budget::MAX_BACKOFF,
             base: 2.0,
         },
-        max_retries,
-        retry_timeout: Duration::from_millis(
-            request_timeout_ms.saturating_mul(max_retries as u64 + 1),
-        ),
+        max_retries: policy.object_store_max_retries(),
+        retry_timeout: policy.budget,
+    }
+}
+
+/// The retry policy of an HTTP store's settings.
+pub(super) fn retry_policy(settings: ClientSettings<'_>) -> RetryPolicy {
+    RetryPolicy {
+        budget: Duration::from_millis(settings.retry_budget_ms),
+        max_retries: settings.max_retries,
     }
 }
 
@@ -197,15 +203,63 @@ impl HttpService for Counting {
             }
             Err(_) => true,
         };
+        // A refused connection sent nothing; a 5xx or a transport failure after that may
+        // follow a server that stored the body.
+        let may_have_landed = key.0 == Method::PUT
+            && match &answer {
+                Ok(response) => response.status().is_server_error(),
+                Err(e) => e.kind() != object_store::client::HttpErrorKind::Connect,
+            };
+        if may_have_landed {
+            answer::put_may_have_landed();
+        }
         self.ledger.answered(key, failed);
-        match answer {
+        let answer = match answer {
             Ok(response) if response.status().as_u16() >= 400 => observe_error(response).await,
             other => {
                 answer::record(None);
                 other
             }
+        };
+        if budget::spent() {
+            return final_once_spent(answer);
         }
+        answer
     }
+}
+
+/// An attempt's outcome, with a failure `object_store` would repeat made final: the
+/// operation's retry budget is spent. A transport error keeps its kind inside
+/// [`BudgetSpent`] (by which it is classified); an error answer was recorded already.
+fn final_once_spent(
+    answer: std::result::Result<HttpResponse, HttpError>,
+) -> std::result::Result<HttpResponse, HttpError> {
+    use object_store::client::HttpErrorKind as Kind;
+    let spent = match answer {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            if !(response.status().is_server_error() || status == 429 || status == 408) {
+                return Ok(response);
+            }
+            BudgetSpent {
+                kind: None,
+                what: format!("HTTP {status}"),
+                source: None,
+            }
+        }
+        Err(e) => {
+            let kind = e.kind();
+            if matches!(kind, Kind::Unknown | Kind::Decode) {
+                return Err(e);
+            }
+            BudgetSpent {
+                kind: Some(kind),
+                what: format!("{kind:?}"),
+                source: Some(Box::new(e)),
+            }
+        }
+    };
+    Err(HttpError::new(Kind::Unknown, spent))
 }
 
 /// Records what an error response says (its status, and the store's error code from the

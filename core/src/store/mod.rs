@@ -15,6 +15,7 @@
 
 mod answer;
 mod azure;
+mod budget;
 mod classify;
 mod credentials;
 pub(crate) mod direct;
@@ -105,8 +106,8 @@ pub struct Store {
     /// Where requests go: `None` for the local and memory stores, and for AWS itself (whose
     /// endpoint the client derives from the region).
     endpoint: Option<Endpoint>,
-    /// Retries (after the first attempt) of one request.
-    max_retries: usize,
+    /// How requests are repeated: for how long, and how many times at most.
+    retry: budget::RetryPolicy,
     direct_requests: AtomicU64,
     direct_fallbacks: AtomicU64,
     /// PUTs the server refused because the body it received failed the request's checksum.
@@ -144,16 +145,17 @@ impl Store {
     /// file. Must be called inside the tokio runtime that will run its requests (an HTTP
     /// client's connections belong to the runtime that opens them).
     pub fn open(config: &StoreConfig) -> Result<Store> {
-        let (client, backend, direct, max_retries, retries, endpoint) = match config {
+        let none = budget::RetryPolicy::NONE;
+        let (client, backend, direct, retry, retries, endpoint) = match config {
             StoreConfig::Local(local) => {
                 let (client, files) = local::open(local)?;
-                (client, Backend::Local { files }, None, 0, None, None)
+                (client, Backend::Local { files }, None, none, None, None)
             }
             StoreConfig::Memory(_) => (
                 Arc::new(InMemory::new()) as DynStore,
                 Backend::Memory,
                 None,
-                0,
+                none,
                 None,
                 None,
             ),
@@ -172,7 +174,7 @@ impl Store {
                     built.client,
                     backend,
                     built.direct,
-                    config.max_retries,
+                    http_options::retry_policy(config.client_settings()),
                     retries,
                     endpoint,
                 )
@@ -185,8 +187,8 @@ impl Store {
                 };
                 let (client, retries) = azure::open(config, &endpoint)?;
                 let retries = Some(retries);
-                let max_retries = config.max_retries;
-                (client, backend, None, max_retries, retries, Some(endpoint))
+                let retry = http_options::retry_policy(config.client_settings());
+                (client, backend, None, retry, retries, Some(endpoint))
             }
             StoreConfig::Gcs(config) => {
                 let endpoint = gcs::base_endpoint(config)?;
@@ -197,15 +199,8 @@ impl Store {
                     bucket_check: built.bucket_check,
                 };
                 let retries = Some(built.retries);
-                let max_retries = config.max_retries;
-                (
-                    built.client,
-                    backend,
-                    None,
-                    max_retries,
-                    retries,
-                    Some(endpoint),
-                )
+                let retry = http_options::retry_policy(config.client_settings());
+                (built.client, backend, None, retry, retries, Some(endpoint))
             }
         };
         Ok(Store {
@@ -214,7 +209,7 @@ impl Store {
             direct,
             describe: describe(config, endpoint.as_ref()),
             endpoint,
-            max_retries,
+            retry,
             direct_requests: AtomicU64::new(0),
             direct_fallbacks: AtomicU64::new(0),
             damaged_uploads: AtomicU64::new(0),
@@ -250,8 +245,8 @@ impl Store {
         }
     }
 
-    /// PUTs the server refused as damaged in transit (each sent again, up to
-    /// `max_retries` times).
+    /// PUTs the server refused as damaged in transit (each sent again within the retry
+    /// budget).
     pub(crate) fn damaged_uploads(&self) -> u64 {
         self.damaged_uploads.load(Ordering::Relaxed)
     }
@@ -290,6 +285,28 @@ impl Store {
         if let Backend::Local { files } = &self.backend {
             return files.exists(path.as_ref());
         }
+        budget::within(
+            self.retry.budget,
+            self.exists_remotely(path, missing_is_forbidden),
+        )
+        .await
+    }
+
+    /// [`Store::exists`] answering a lookup: its repeats end within
+    /// [`budget::LOOKUP_RETRY_BUDGET`] (the lookup answers MISS after that).
+    pub(crate) async fn exists_for_lookup(
+        &self,
+        path: &Path,
+        missing_is_forbidden: bool,
+    ) -> Result<bool> {
+        budget::within(
+            budget::LOOKUP_RETRY_BUDGET,
+            self.exists(path, missing_is_forbidden),
+        )
+        .await
+    }
+
+    async fn exists_remotely(&self, path: &Path, missing_is_forbidden: bool) -> Result<bool> {
         if let Some(direct) = &self.direct {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             match direct.exists(path.as_ref(), missing_is_forbidden).await {
@@ -317,13 +334,18 @@ impl Store {
         if let Backend::Local { files } = &self.backend {
             local::check_writable(files.root())?;
         }
-        probe::probe(self, probe_name).await
+        budget::within(
+            budget::START_UP_RETRY_BUDGET,
+            probe::probe(self, probe_name),
+        )
+        .await
     }
 
     /// Whether the store refuses a second create of one object (conditional PUT), asked
     /// with an object named after `probe_name`.
     pub async fn honours_conditional_put(&self, probe_name: &str) -> bool {
-        probe::honours_conditional_put(self, probe_name).await
+        let check = probe::honours_conditional_put(self, probe_name);
+        budget::within(budget::START_UP_RETRY_BUDGET, check).await
     }
 
     /// Whether the store refuses an upload whose body was damaged on the way, asked with
@@ -331,7 +353,10 @@ impl Store {
     pub async fn checks_uploads(&self, probe_name: &str) -> UploadCheck {
         match self.backend {
             Backend::Local { .. } | Backend::Memory => UploadCheck::NoNetwork,
-            _ => probe::checks_uploads(self, probe_name).await,
+            _ => {
+                let check = probe::checks_uploads(self, probe_name);
+                budget::within(budget::START_UP_RETRY_BUDGET, check).await
+            }
         }
     }
 }

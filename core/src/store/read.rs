@@ -33,6 +33,18 @@ impl Store {
                 .await
                 .map_err(|e| Error::join(&format!("load {path}"), &e))?;
         }
+        let read = self.read_block_remotely(path, slot, checksum, allow_direct, parts);
+        budget::within(self.retry.budget, read).await
+    }
+
+    async fn read_block_remotely(
+        &self,
+        path: &Path,
+        slot: &mut BlockSlot,
+        checksum: bool,
+        allow_direct: bool,
+        parts: bool,
+    ) -> Result<ReadBlock> {
         if let (Some(direct), true) = (&self.direct, allow_direct) {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             let block_bytes = slot.len();

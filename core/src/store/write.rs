@@ -54,7 +54,8 @@ impl Store {
         } else {
             BodyChecksums::default()
         };
-        self.put_object(path, body, checksums, create, parts)
+        let put = self.put_object(path, body, checksums, create, parts);
+        budget::within(self.retry.budget, put)
             .await
             .map(|written| (written, checksums.recorded))
     }
@@ -144,11 +145,11 @@ impl Store {
         // a PUT it deems not idempotent); a repeat that finds the object is a 412. The first
         // attempt goes on the direct path where there is one.
         let mut first = true;
-        let stored = classify::repeat_refused_uploads(
+        let (stored, may_have_landed) = answer::watching_puts(classify::repeat_refused_uploads(
             &self.client,
             path,
             mode,
-            self.max_retries,
+            self.retry,
             &self.damaged_uploads,
             |mode| {
                 let options = PutOptions {
@@ -168,13 +169,80 @@ impl Store {
                     answered(self.client.put_opts(path, body.clone(), options)).await
                 }
             },
-        )
+        ))
         .await;
         match stored {
             Ok(_) => Ok(WriteOutcome::Stored),
-            Err(e) if create && classify::found_by_create(&e) => Ok(WriteOutcome::AlreadyStored),
+            Err(e) if create && classify::found_by_create(&e) => {
+                if may_have_landed {
+                    self.settle_found(path, &body, checksums.recorded, options)
+                        .await
+                } else {
+                    Ok(WriteOutcome::AlreadyStored)
+                }
+            }
             Err(e) => Err(op_error("store", path, &e)),
         }
+    }
+
+    /// A create that found the object after an earlier attempt of the same write may have
+    /// stored its body (a 5xx answer, a timeout or a cut connection, then a repeat answered
+    /// 412 or 304): the object may be that attempt's, or another writer's, or a body the
+    /// server kept from a failed request. It is looked at: the same length and the same
+    /// recorded checksum as this write's body make it this write's, reported stored as if
+    /// the first attempt had succeeded; anything else (another length or checksum, no
+    /// recorded checksum to compare, or no object any more) is overwritten with this
+    /// write's body, and only then reported stored.
+    async fn settle_found(
+        &self,
+        path: &Path,
+        body: &PutPayload,
+        recorded: Option<u32>,
+        options: PutOptions,
+    ) -> Result<WriteOutcome> {
+        let head = GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        let found = match answered(self.client.get_opts(path, head)).await {
+            Ok(got) => Some((got.meta.size, integrity::recorded_checksum(&got.attributes))),
+            Err(e) if classify(&e) == Status::NotFound => None,
+            Err(e) => return Err(op_error("store (confirming the object found)", path, &e)),
+        };
+        let sent = (body.content_length() as u64, recorded);
+        if recorded.is_some() && found == Some(sent) {
+            return Ok(WriteOutcome::Stored);
+        }
+        log::info!(
+            "store {path}: after an attempt that may have stored it, the object found is not \
+             this write's ({}); overwriting it",
+            match found {
+                None => "it is gone".to_string(),
+                Some((size, crc)) => format!(
+                    "{size} bytes, checksum {}, where this write sent {} bytes, checksum {}",
+                    crc.map_or("none".into(), integrity::format_crc),
+                    sent.0,
+                    recorded.map_or("none".into(), integrity::format_crc)
+                ),
+            }
+        );
+        classify::repeat_refused_uploads(
+            &self.client,
+            path,
+            PutMode::Overwrite,
+            self.retry,
+            &self.damaged_uploads,
+            |mode| {
+                let options = PutOptions {
+                    mode,
+                    ..options.clone()
+                };
+                answered(self.client.put_opts(path, body.clone(), options))
+            },
+        )
+        .await
+        .map(|_| WriteOutcome::Stored)
+        .map_err(|e| op_error("store", path, &e))
     }
 
     /// The first attempt of a single PUT, on the direct path of an S3 store that has one:
@@ -214,8 +282,16 @@ impl Store {
             create,
         };
         let outcome = match direct.put_from(path.as_ref(), put).await {
-            Ok(answer) => classify::direct_put_answer(path, answer, create),
+            Ok(answer) => {
+                if matches!(&answer, Err(a) if a.status >= 500) {
+                    answer::put_may_have_landed();
+                }
+                classify::direct_put_answer(path, answer, create)
+            }
             Err(e) => {
+                // No answer: the body may have reached the server (a connection that could
+                // not be opened is not told apart here; confirming costs one HEAD).
+                answer::put_may_have_landed();
                 log::debug!("store {path}: direct PUT failed ({e:?}); repeating it through the store client");
                 None
             }
@@ -252,7 +328,7 @@ impl Store {
             &self.client,
             path,
             PutMode::Overwrite,
-            self.max_retries,
+            self.retry,
             &self.damaged_uploads,
             |_| multipart::upload(&self.client, path, &parts, attributes),
         )

@@ -30,8 +30,9 @@
 //! general client's would be read); anything else unexpected (403, 5xx, a reset, a timeout, a malformed or ambiguously framed
 //! response, a request that cannot be built) returns [`DirectError::Fallback`] and the caller
 //! repeats the request through `object_store`, which owns retries, backoff and error
-//! classification. A connection goes back to the pool only after an exchange that left
-//! nothing unread on it.
+//! classification, within the same retry budget (`store/budget.rs`): the direct attempt
+//! is the operation's first. A connection goes back to the pool only after an exchange that
+//! left nothing unread on it.
 
 mod conn;
 mod exchange;
