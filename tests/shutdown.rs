@@ -1,7 +1,8 @@
 //! A tier's end is bounded by its grace period, and leaves the caller's memory alone, also
 //! when what it waits for never returns: local-store reads held in the kernel (a FUSE file
 //! system served by the test, whose READs wait for the test's word, as a hung NFS mount's
-//! do) and a keyring command that hangs on its refresh. Through the C ABI, as an engine
+//! do) and a keyring command that hangs on its refresh; and a tier's start is bounded when
+//! its keyring file's read is held the same way. Through the C ABI, as an engine opens and
 //! closes a tier.
 
 #[path = "shutdown/held_files.rs"]
@@ -13,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use held_files::HeldFiles;
 use kvtier::{
-    kvt_result, kvt_tier, kvt_tier_free, kvt_tier_new, kvt_tier_poll, kvt_tier_register_memory,
-    kvt_tier_shutdown, kvt_tier_submit_load,
+    kvt_config_check, kvt_last_error, kvt_result, kvt_tier, kvt_tier_free, kvt_tier_new,
+    kvt_tier_poll, kvt_tier_register_memory, kvt_tier_shutdown, kvt_tier_submit_load,
 };
 use kvtier_core::key::{make_key, KeyLayout};
 use kvtier_core::{Status, TierConfig};
@@ -248,6 +249,71 @@ fn free_returns_within_the_grace_while_a_keyring_command_hangs() {
         "hanging keyring command: kvt_tier_free returned after {:?}",
         took.unwrap()
     );
+}
+
+/// A keyring file on a file system whose reads hang (as a hung NFS mount's do):
+/// `kvt_tier_new` and `kvt_config_check` fail in time, naming the file, rather than wait
+/// for ever; the reads let go afterwards land nowhere.
+#[test]
+fn a_keyring_file_whose_read_hangs_fails_the_start_in_time() {
+    /// The library abandons a keyring file's read after 10 s; a busy machine adds some.
+    const KEYRING_BOUND: Duration = Duration::from_secs(10 + 10);
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("held");
+    std::fs::create_dir(&mount).unwrap();
+    let held = HeldFiles::mount(&mount, 1, 4096);
+    let config = json!({
+        "store": {"type": "memory"},
+        "encryption": {"keyring_file": held.file(0)},
+    })
+    .to_string();
+    let calls: Vec<_> = ["kvt_tier_new", "kvt_config_check"]
+        .into_iter()
+        .map(|call| {
+            let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+            let config = CString::new(config.clone()).unwrap();
+            std::thread::spawn(move || {
+                let mut tier = std::ptr::null_mut();
+                // SAFETY: a NUL-terminated configuration and a writable out-pointer.
+                let status = unsafe {
+                    if call == "kvt_tier_new" {
+                        kvt_tier_new(config.as_ptr(), &mut tier)
+                    } else {
+                        kvt_config_check(config.as_ptr())
+                    }
+                };
+                // SAFETY: this thread's last error, copied before its next kvt_ call.
+                let message = unsafe { std::ffi::CStr::from_ptr(kvt_last_error()) }
+                    .to_string_lossy()
+                    .into_owned();
+                if !tier.is_null() {
+                    // SAFETY: a tier this thread created and nothing else uses.
+                    unsafe { kvt_tier_free(tier) };
+                }
+                done_tx.send((status, message)).unwrap();
+            });
+            (call, done_rx)
+        })
+        .collect();
+    held.wait_held(1, SLOW);
+    for (call, done_rx) in calls {
+        let answer = done_rx.recv_timeout(KEYRING_BOUND);
+        let Ok((status, message)) = answer else {
+            held.release();
+            panic!("{call} still waited for a held keyring read after {KEYRING_BOUND:?}");
+        };
+        assert_ne!(
+            status,
+            Status::Ok,
+            "{call} accepted a keyring it could not read"
+        );
+        assert!(
+            message.contains("did not finish") && message.contains("keyring file"),
+            "{call}: {message}"
+        );
+    }
+    held.release();
+    held.wait_closed(2, SLOW);
 }
 
 /// Waits (bounded by `deadline`) for `file` to appear, through inotify on its directory.

@@ -24,6 +24,10 @@ pub(crate) const KEY_ID_MAX: usize = 24;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest keyring text read from any source.
 const MAX_KEYRING_BYTES: u64 = 1 << 20;
+/// Longest a keyring file's read may take. A local file reads in microseconds; one on a
+/// hung network file system would hold the tier's start (or a refresh) for ever, so it is
+/// abandoned at this bound and the start fails, naming the file.
+const FILE_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A key's id: 1 to 24 of `A-Z a-z 0-9 . _ -`.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -235,7 +239,7 @@ impl KeySource {
     /// As [`load`](Self::load); a command still running when `stop` is stopped is ended.
     pub(crate) fn load_unless_stopped(&self, stop: &CommandStop) -> Result<Keyring, String> {
         let text = Zeroizing::new(match self {
-            KeySource::File(path) => read_file(path, &self.value())?,
+            KeySource::File(path) => read_file_bounded(path, &self.value())?,
             KeySource::Env(name) => std::env::var_os(name)
                 .ok_or_else(|| format!("the keyring variable {} is not set", self.value()))?
                 .into_encoded_bytes(),
@@ -308,6 +312,30 @@ fn withheld(value: &str, config_key: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// [`read_file`] on a thread of its own, abandoned after [`FILE_READ_TIMEOUT`]: a read the
+/// kernel holds (a hung network file system) fails the caller in time; the thread ends
+/// when the kernel lets it go, and wipes what it read.
+fn read_file_bounded(path: &Path, named: &str) -> Result<Vec<u8>, String> {
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let (path_owned, named_owned) = (path.to_owned(), named.to_owned());
+    std::thread::Builder::new()
+        .name("kvtier-keyring-read".into())
+        .spawn(move || {
+            let read = read_file(&path_owned, &named_owned).map(Zeroizing::new);
+            // Dropped (and wiped) here when the caller gave up waiting.
+            let _ = done_tx.send(read);
+        })
+        .map_err(|e| format!("cannot read the keyring file {named}: {e}"))?;
+    match done_rx.recv_timeout(FILE_READ_TIMEOUT) {
+        Ok(read) => read.map(|mut text| std::mem::take(&mut *text)),
+        Err(_) => Err(format!(
+            "reading the keyring file {named} did not finish within {} s (a hung network \
+             file system?)",
+            FILE_READ_TIMEOUT.as_secs()
+        )),
+    }
 }
 
 /// Reads a keyring file (`named`: its path for messages). A regular file only: a FIFO, a
