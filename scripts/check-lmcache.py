@@ -19,6 +19,7 @@ from lmcache.lmcache_native import Bitmap  # noqa: E402  (what an L2 adapter ans
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
 from lmcache.v1.distributed.config import parse_args  # noqa: E402
 from lmcache.v1.distributed.storage_manager import StorageManager  # noqa: E402
+import lmcache.v1.cache_engine  # noqa: E402,F401  (the in-process engine: its storage's imports)
 
 imported = time.monotonic()
 mock_l2 = {"type": "mock", "max_size_gb": 0.01, "mock_bandwidth_gb": 10}

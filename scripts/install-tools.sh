@@ -93,10 +93,13 @@ has gguf || pip_install gguf
 # (python/tests/test_lmcache.py). Beside the venv, not in it: --target keeps it out of the
 # venv that vLLM and SGLang share, and --no-deps keeps one torch (the venv's). Of its
 # dependencies the venv lacks only sortedcontainers for the multiprocess-mode code the tests
-# run (the rest it lacks, awscrt, cupy, redis, bigtable..., serve adapters and devices the
-# tests do not use). About 95 MB and 5 s; reinstalled only when this list changes.
+# run, and aiofile (with caio) and aiofiles, which the in-process engine's storage imports
+# (python/tests/test_lmcache_inprocess.py); the rest it lacks, awscrt, cupy, redis,
+# bigtable..., serve adapters and devices the tests do not use. About 95 MB and 5 s;
+# reinstalled only when this list changes.
 LMCACHE_SITE=$TOOLS/lmcache-site
-LMCACHE_REQUIREMENTS=("lmcache==$LMCACHE_VERSION" "sortedcontainers==2.4.0")
+LMCACHE_REQUIREMENTS=("lmcache==$LMCACHE_VERSION" "sortedcontainers==2.4.0" "aiofile==3.12.3" "caio==0.12.10"
+                      "aiofiles==25.1.0")
 if [[ "$(cat "$LMCACHE_SITE/.requirements" 2>/dev/null)" != "${LMCACHE_REQUIREMENTS[*]}" ]]; then
     say "installing ${LMCACHE_REQUIREMENTS[*]} into $LMCACHE_SITE (--no-deps, on the venv's torch)"
     rm -rf "$LMCACHE_SITE.new"
