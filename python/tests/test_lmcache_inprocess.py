@@ -40,6 +40,7 @@ from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noqa: E402
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
 
+from fault_proxy import FaultProxy  # noqa: E402
 from key_layout import object_name  # noqa: E402
 from kvtier.lmcache import NAMESPACE, KvtierConnector, KvtierConnectorAdapter, engine_key  # noqa: E402
 from kvtier.lmcache.config import key_of_engine_key  # noqa: E402
@@ -288,6 +289,29 @@ def test_missing_and_tampered_objects_miss_without_wrong_bytes(lm_store, engines
     assert mask.tolist() == [True] * CHUNK_TOKENS + [False] * (PROMPT_TOKENS - CHUNK_TOKENS)
     assert torch.equal(out[:, :, :CHUNK_TOKENS], kv[:, :, :CHUNK_TOKENS])
     assert not out[:, :, CHUNK_TOKENS:].any()
+
+
+def test_a_server_refusing_every_put_stores_nothing_and_says_so(lm_store, engines):
+    if lm_store.kind != "s3":
+        pytest.skip("a fault proxy sits in front of an S3 server")
+    cfg = store_of(lm_store)
+    proxy = FaultProxy(int(cfg["endpoint_override"].rsplit(":", 1)[1]))
+    try:
+        # One retry: a refusal may come as a reset, which is retried (see test_lmcache.py).
+        cfg.update(endpoint_override=proxy.endpoint, max_retries=1)
+        engine = engines({"store": cfg, "prefix": lm_store.prefix})
+        proxy.refuse_puts = True  # after the tier's start-up probe, which writes
+        tokens = prompt(6)
+        engine.engine.store(tokens, kvcaches=engine.kv(6))
+        connector = engine.connector
+        assert connector.wait_finished(lambda c: c["stored"] + c["store_failed"] >= 4, WAIT_S)
+        assert connector.finished_keys()["stored"] == 0 and proxy.refused >= 1
+        assert not any(connector.exists_sync(k) for k in engine.keys(tokens))
+    finally:
+        proxy.close()
+    reader = engines(tier_config(lm_store))
+    mask, out = reader.retrieve(tokens)
+    assert not mask.any() and not out.any()
 
 
 # -- keys and configuration ---------------------------------------------------------------
