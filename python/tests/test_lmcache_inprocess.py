@@ -37,8 +37,10 @@ import torch  # noqa: E402
 from lmcache.utils import CacheEngineKey  # noqa: E402
 from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.exceptions import IrrecoverableException  # noqa: E402
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noqa: E402
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from lmcache.v1.storage_backend.connector import ConnectorContext  # noqa: E402
 
 from fault_proxy import FaultProxy  # noqa: E402
 from key_layout import object_name  # noqa: E402
@@ -182,9 +184,9 @@ class Engine:
 def engines(tmp_path):
     made = []
 
-    def make(tier_config: dict, **kw) -> Engine:
+    def make(tier_config: dict | None = None, config_text: str | None = None, **kw) -> Engine:
         config_file = tmp_path / f"lmcache-{len(made)}.yaml"
-        config_file.write_text(user_config_yaml(tier_config))
+        config_file.write_text(config_text if config_text is not None else user_config_yaml(tier_config))
         engine = Engine(config_file, **kw)
         made.append(engine)
         return engine
@@ -352,11 +354,37 @@ def test_a_bad_tier_configuration_builds_no_remote_backend_and_names_the_key(tmp
     engine = engines({"store": {"type": "local", "path": str(tmp_path / "s")}, "evictoin": {"max_bytes": 1}})
     assert "RemoteBackend-kvtier" not in engine.backends
     # What LMCache logged as its reason, asked of the adapter LMCache builds.
-    remote_context = type("Context", (), {"config": engine.config, "metadata": engine.metadata,
-                                          "plugin_name": "kvtier", "loop": None, "local_cpu_backend": None})
-    with pytest.raises(Exception) as caught:
+    remote_context = ConnectorContext("plugin://kvtier", None, None, engine.config, engine.metadata, "kvtier")
+    with pytest.raises(IrrecoverableException) as caught:
         KvtierConnectorAdapter().create_connector(remote_context)
     assert "evictoin" in str(caught.value)
     assert KvtierConnectorAdapter().can_parse("plugin://kvtier") and KvtierConnectorAdapter().can_parse(
         "plugin://kvtier.primary")
     assert not KvtierConnectorAdapter().can_parse("plugin://kvtierx")
+
+
+def test_the_documented_configuration_gives_a_working_remote_store(local_only, engines):
+    """The YAML of docs/lmcache.md's in-process section, read by LMCache's own parser, gives
+    an engine that stores and retrieves through kvtier. Only the tier's store and prefix
+    (the document's are placeholders), the chunk size and the CPU cache size (256 tokens
+    and 5 GB there) are the test's."""
+    import re
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "lmcache.md").read_text()
+    section = text[text.index("## In-process mode"):]
+    documented = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    extra = documented["extra_config"]
+    assert (documented["remote_storage_plugins"], extra["remote_storage_plugin.kvtier.module_path"],
+            extra["remote_storage_plugin.kvtier.class_name"]) == (["kvtier"], "kvtier.lmcache",
+                                                                   "KvtierConnectorAdapter")
+    extra["remote_storage_plugin.kvtier.config"].update(tier_config(local_only))
+    documented.update(chunk_size=CHUNK_TOKENS, max_local_cpu_size=0.01)
+    writer = engines(config_text=yaml.safe_dump(documented))
+    tokens, kv = prompt(7), writer.kv(7)
+    writer.store(tokens, kv)
+    reader = engines(config_text=yaml.safe_dump(documented))
+    mask, out = reader.retrieve(tokens)
+    assert bool(mask.all()) and torch.equal(out, kv)
+    assert reader.connector.finished_keys()["loaded"] == 4
