@@ -137,7 +137,6 @@ class KvtierConnector(RemoteConnector):
         self._closing = False
         self._job_ids = itertools.count(1)
         self._jobs: dict[int, _Job] = {}
-        self._stop_r, self._stop_w = os.pipe()
         self.tier = Tier(tier_config)
         with closed_on_failure(self.tier):
             arena = _arena_of(self.local_cpu_backend)
@@ -146,6 +145,7 @@ class KvtierConnector(RemoteConnector):
                 address, nbytes, owner = arena
                 self._arena = (address, nbytes, self.tier.add_region(address=address, nbytes=nbytes, owner=owner))
             self._tier_fd = self.tier.event_fd()
+            self._stop_r, self._stop_w = os.pipe()  # wakes the poller for close()
         self._poller = threading.Thread(target=self._poll_loop, name="kvtier-lmcache-connector", daemon=True)
         self._poller.start()
         logger.info("kvtier.lmcache: remote chunks go to %s (%s)", self.tier.location,
