@@ -350,6 +350,22 @@ def test_another_model_or_dtype_finds_nothing(local_only, engines):
         assert not other.connector.exists_sync(other.keys(tokens)[0])
 
 
+def test_the_tier_configuration_may_be_a_json_file(local_only, engines, tmp_path):
+    """``remote_storage_plugin.kvtier.config`` as the path of a JSON file (credentials kept
+    out of LMCache's configuration)."""
+    import json
+
+    path = tmp_path / "kvtier.json"
+    path.write_text(json.dumps(tier_config(local_only)))
+    text = user_config_yaml({}).replace("remote_storage_plugin.kvtier.config: {}",
+                                        f"remote_storage_plugin.kvtier.config: {json.dumps(str(path))}")
+    engine = engines(config_text=text)
+    tokens = prompt(8)
+    engine.store(tokens, engine.kv(8))
+    assert all(engine.connector.exists_sync(k) for k in engine.keys(tokens))
+    assert str(local_only.root) in engine.connector.tier.location
+
+
 def test_a_bad_tier_configuration_builds_no_remote_backend_and_names_the_key(tmp_path, engines):
     engine = engines({"store": {"type": "local", "path": str(tmp_path / "s")}, "evictoin": {"max_bytes": 1}})
     assert "RemoteBackend-kvtier" not in engine.backends
