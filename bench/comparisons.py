@@ -190,7 +190,7 @@ COMPARISONS = [
         "preset": [],
         "note": "LMCache's `s3` adapter needs awscrt, which tools/venv lacks: `tools/venv/bin/python -m pip install "
                 "--target /tmp/lmc-bench-awscrt awscrt` (or `--awscrt-site DIR`).",
-        "minutes": "4",
+        "minutes": "7",
         "results": ["lmcache.md"],
         "render": "markdown",
     },

@@ -4,7 +4,7 @@
 ``StorageManager``, built from the ``--l2-adapter`` JSON a user gives, on the same chunks and
 the same S3 server in one run; LMCache's in-memory ``mock`` L2 adapter alongside as a ceiling.
 
-    tools/venv/bin/python bench/lmcache_compare.py                  # defaults, ~4 min on 2 cores
+    tools/venv/bin/python bench/lmcache_compare.py                  # defaults, ~7 min on 2 cores
     tools/venv/bin/python bench/lmcache_compare.py --chunks 4 --reps 1
     bench/run.py lmcache                                            # the published run
 
@@ -101,7 +101,9 @@ def l2_adapter_json(adapter, args):
     if adapter == "kvtier":
         store = {"type": "s3", "bucket": BUCKET, "endpoint_override": f"127.0.0.1:{args.port}", "scheme": "http",
                  "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "region": REGION}
-        params = {"store": store, "prefix": KVTIER_PREFIX, **json.loads(args.kvtier_config)}
+        extra = json.loads(args.kvtier_config)
+        store.update(extra.pop("store", {}))  # --kvtier-config's "store" keys go into the store section
+        params = {"store": store, "prefix": KVTIER_PREFIX, **extra}
         return {"type": "plugin", "module_path": "kvtier.lmcache", "class_name": "KvtierL2Adapter",
                 "adapter_params": params}
     if adapter == "lmcache-s3":
@@ -398,6 +400,19 @@ def report(rows, args, info):
         bad = [w for w, b in (("throughput", tp < 1.5), ("CPU", cpu > 0.5)) if b]
         lines.append(f"| {phase} | {tp:.2f}x | {cpu:.2f}x | {'yes' if not bad else 'NO (' + ', '.join(bad) + ')'} |")
         verdicts.append(f"{phase}: {'met' if not bad else 'missed (' + ', '.join(bad) + ')'}")
+    measured = kv and lm and kv["ok"] and lm["ok"] and not kv["wrong"] and not lm["wrong"]
+    if measured and all(r.get(f"{p}_server_cpu_gib") is not None for r in (kv, lm) for p in ("store", "load")):
+        lines += ["", "Where the CPU goes (client + server CPU-s per GiB; client and server share the machine's "
+                  "cores, so when both runs are CPU-bound their throughputs can differ by at most the inverse ratio "
+                  "of these totals):", "",
+                  "| phase | kvtier: client + server = total | LMCache s3: client + server = total | "
+                  "server's share, kvtier / LMCache s3 | throughput ratio if CPU-bound |",
+                  "|---|---:|---:|---:|---:|"]
+        for phase in ("store", "load"):
+            kc, ks = kv[f"{phase}_cpu_gib"], kv[f"{phase}_server_cpu_gib"]
+            lc, ls = lm[f"{phase}_cpu_gib"], lm[f"{phase}_server_cpu_gib"]
+            lines.append(f"| {phase} | {kc:.3f} + {ks:.3f} = {kc + ks:.3f} | {lc:.3f} + {ls:.3f} = {lc + ls:.3f} | "
+                         f"{ks / (kc + ks):.0%} / {ls / (lc + ls):.0%} | {(lc + ls) / (kc + ks):.2f}x |")
     if kv and lm and kv.get("lookup_ms") and lm.get("lookup_ms"):
         lines += ["", f"Lookup of {args.lookup_keys} keys, first time: kvtier {kv['lookup_ms']:.2f} ms, LMCache s3 "
                   f"{lm['lookup_ms']:.2f} ms (kvtier's takes {kv['lookup_ms'] / lm['lookup_ms']:.2f}x LMCache's); "
@@ -446,7 +461,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--adapters", default=",".join(ADAPTERS), help="comma-separated subset of " + ", ".join(ADAPTERS))
     ap.add_argument("--chunks", type=int, default=32, help="chunks stored and loaded per run (32 MiB each by default)")
-    ap.add_argument("--reps", type=int, default=3, help="runs of every adapter; the table shows medians")
+    ap.add_argument("--reps", type=int, default=5, help="runs of every adapter; the table shows medians")
     ap.add_argument("--lookup-keys", type=int, default=128)
     ap.add_argument("--lookup-reps", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=256, help="tokens a chunk (LMCache's default chunk size)")
@@ -454,7 +469,7 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--crt-threads", type=int, default=2, help="LMCache s3's s3_num_io_threads")
-    ap.add_argument("--kvtier-config", default="{}", help="JSON merged into kvtier's adapter_params")
+    ap.add_argument("--kvtier-config", default="{}", help="JSON merged into kvtier's adapter_params (its \"store\" into the store section)")
     ap.add_argument("--awscrt-site", default="/tmp/lmc-bench-awscrt",
                     help="a directory holding awscrt (pip install --target DIR awscrt)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a phase may take")
