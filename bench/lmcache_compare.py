@@ -427,21 +427,20 @@ def report(rows, args, info):
               f"the object's size): *first*, the median over {args.lookup_reps} sets of keys each asked once "
               "(each key asked of the store: LMCache `s3` HEADs every key it has not seen); *again*, the median of "
               f"{args.lookup_reps} repeats of one set (LMCache `s3` then answers from the sizes it remembers, without "
-              "asking the store; kvtier asks the store every time). Client CPU: `getrusage(RUSAGE_SELF)` of the run's "
+              "asking the store; kvtier's adapter checks every batch with the store, `check_now`). Client CPU: `getrusage(RUSAGE_SELF)` of the run's "
               "process (LMCache, its controller threads and the one adapter), per GiB of chunks; server CPU: "
               "utime+stime of the s3s-fs process. L1 arenas written through once before use (untimed). "
               f"kvtier: configuration defaults{(' plus `' + args.kvtier_config + '`') if args.kvtier_config != '{}' else ''} "
               "(checksums on: a CRC32C of every chunk stored and checked on load; LMCache's adapters keep none); "
               f"LMCache `s3`: awscrt {info['awscrt']}, `s3_num_io_threads` {args.crt_threads}, `disable_tls`, "
-              "`s3_prefer_http2` false, its default part size (awscrt's 8 MiB: a chunk goes as a multipart upload "
-              "and ranged GETs); both against one s3s-fs process on /dev/shm (bucket emptied between runs, "
+              "`s3_prefer_http2` false, awscrt's own part size and multipart threshold (LMCache sets neither); both against one s3s-fs process on /dev/shm (bucket emptied between runs, "
               "untimed). LMCache `mock`: max_size_gb 64, mock_bandwidth_gb 1000 (no simulated delay at these "
               "sizes).",
               f"Machine: {os.cpu_count()} CPUs shared by client and server (and, during this run, by whatever else "
               f"ran), {platform.platform()}, Python {platform.python_version()}, torch {info['torch']}; load "
               f"average (1, 5, 15 min) at the start {info['load']}, at the end {info['load_end']}; the run took "
               f"{info['took']:.0f} s.",
-              f"Command: `{' '.join(info['argv'])}`"]
+              f"Command: `{' '.join([os.path.relpath(info['argv'][0], ROOT), *info['argv'][1:]])}`"]
     return "\n".join(lines) + "\n"
 
 
