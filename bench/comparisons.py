@@ -176,6 +176,25 @@ COMPARISONS = [
         "render": "markdown",
     },
     {
+        "name": "lmcache",
+        "question": "How does kvtier's LMCache adapter compare with LMCache's own s3 adapter?",
+        "heading": "LMCache L2 adapters",
+        "measures": "kvtier's LMCache L2 adapter and LMCache 0.5.6's own `s3` L2 adapter (awscrt) on the same "
+                    "s3s-fs process, through LMCache's own `StorageManager` built from the `--l2-adapter` JSON, "
+                    "the same Llama-3.1-8B-shaped 256-token chunks, each adapter in a process of its own "
+                    "(interleaved runs, medians), beside LMCache's in-memory `mock` adapter as a ceiling: chunks "
+                    "stored and loaded (prefetch into a fresh L1) per second, client CPU per GiB, lookup latency, "
+                    "every loaded byte compared.",
+        "driver": ["bench/lmcache_compare.py"],
+        "interpreter": "tools/venv",
+        "preset": [],
+        "note": "LMCache's `s3` adapter needs awscrt, which tools/venv lacks: `tools/venv/bin/python -m pip install "
+                "--target /tmp/lmc-bench-awscrt awscrt` (or `--awscrt-site DIR`).",
+        "minutes": "7",
+        "results": ["lmcache.md"],
+        "render": "markdown",
+    },
+    {
         "name": "local",
         "question": "How does the local store compare with vLLM's own fs tier?",
         "heading": "Local store against vLLM's fs tier",
@@ -272,6 +291,7 @@ DRIVERS = {
     "latency_matrix.py": (["bench/latency_matrix.py"], "python3"),
     "local_compare.py": (["bench/local_compare.py"], "tools/venv"),
     "sglang_compare.py": (["bench/sglang_compare.py"], "tools/venv"),
+    "lmcache_compare.py": (["bench/lmcache_compare.py"], "tools/venv"),
     "https_loads.py": (["bench/https_loads.py"], "python3"),
     "uring.py": (["bench/uring.py"], "python3"),
     "fleet_soak.py": (["bench/fleet_soak.py"], "tools/venv"),
