@@ -22,7 +22,8 @@ PAGE = 16  # tokens per page
 LAYERS = 3
 HEADS = 4
 HEAD_DIM = 64
-MODEL = "test-org/tiny-model"
+# Short: the model is part of every object name (see conftest.S3S_FS_MAX_KEY_BYTES).
+MODEL = "o/m"
 
 
 _model_dir: str | None = None

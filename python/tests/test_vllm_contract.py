@@ -19,6 +19,8 @@ import kvtier
 from kvtier import vllm as kv_vllm
 from kvtier.vllm import KvtierTier, LookupResult, Medium
 
+from conftest import S3S_FS_MAX_KEY_BYTES
+from key_layout import object_name
 from support import LOOKUP_POLL_S, collect, ctx, make_key, pattern, resolve, wait_for_io
 
 ROW = 512
@@ -549,12 +551,18 @@ def test_store_config_translation():
         kv_vllm.build_tier_config({"bucket": "kv", "accelerated": "true"})
 
 
-def test_keys_of_other_hash_lengths_are_accepted(store, make_tier):
+def test_keys_of_other_hash_lengths_are_accepted(store, make_tier, request):
     """vLLM's key is hash + 4 bytes, the hash of any length: xxhash makes 8 bytes, sha256
-    32, and vLLM's own tests use 1-byte hashes."""
+    32, and vLLM's own tests use 1-byte hashes. On s3s-fs a key whose object name is too
+    long for s3s-fs to keep its metadata is left out (the server answers 500 after writing
+    the data, and kvtier rightly reports the store failed)."""
     tier, pool = make_tier()
+    on_s3s_fs = request.node.callspec.id == "s3s-fs"
     for slot, hash_bytes in enumerate((1, 2, 3, 8, 64)):
         key = os.urandom(hash_bytes) + (1).to_bytes(4, "big")
+        if on_s3s_fs and len(object_name(store.prefix, "ns", key)) > S3S_FS_MAX_KEY_BYTES:
+            assert hash_bytes == 64, hash_bytes
+            continue
         assert store_blocks(tier, pool, slot, {key: slot}).success, hash_bytes
         assert resolve(tier, key, "a") is LookupResult.HIT, hash_bytes
 
