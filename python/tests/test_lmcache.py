@@ -11,8 +11,6 @@ skipped only when LMCache is not installed.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -20,15 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_SITE = Path(os.environ.get("KVTIER_TEST_LMCACHE_SITE", Path(__file__).resolve().parents[2] / "tools" / "lmcache-site"))
-if _SITE.is_dir() and str(_SITE) not in sys.path:
-    sys.path.append(str(_SITE))
-os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # else LMCache starts a telemetry thread
+import lmcache_site  # noqa: E402
 
-pytest.importorskip(
-    "lmcache.v1.distributed.storage_manager",
-    reason="LMCache is not installed (scripts/install-tools.sh puts lmcache 0.5.6 into tools/lmcache-site)",
-)
+lmcache_site.require()
 import torch  # noqa: E402
 from lmcache.v1.distributed.api import (  # noqa: E402
     GroupedObjectKeys,

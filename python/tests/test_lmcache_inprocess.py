@@ -16,23 +16,15 @@ packages its in-process storage imports beside it), appended to the import path 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
-_SITE = Path(os.environ.get("KVTIER_TEST_LMCACHE_SITE", Path(__file__).resolve().parents[2] / "tools" / "lmcache-site"))
-if _SITE.is_dir() and str(_SITE) not in sys.path:
-    sys.path.append(str(_SITE))
-os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # else LMCache starts a telemetry thread
+import lmcache_site  # noqa: E402
 
-pytest.importorskip(
-    "lmcache.v1.distributed.storage_manager",
-    reason="LMCache is not installed (scripts/install-tools.sh puts lmcache 0.5.6 into tools/lmcache-site)",
-)
+lmcache_site.require()
 import torch  # noqa: E402
 from lmcache.utils import CacheEngineKey  # noqa: E402
 from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402

@@ -1,0 +1,24 @@
+"""LMCache 0.5.6 for the LMCache suites: installed beside the test venv, on its torch
+(scripts/install-tools.sh puts it into tools/lmcache-site; ``KVTIER_TEST_LMCACHE_SITE``
+names another directory). ``require()`` puts it on the path, or skips the calling module."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SITE = Path(os.environ.get("KVTIER_TEST_LMCACHE_SITE", Path(__file__).resolve().parents[2] / "tools" / "lmcache-site"))
+
+
+def require() -> None:
+    """Makes LMCache importable, or skips the module that calls it (at its import)."""
+    if SITE.is_dir() and str(SITE) not in sys.path:
+        sys.path.append(str(SITE))
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # else LMCache starts a telemetry thread
+    pytest.importorskip(
+        "lmcache.v1.distributed.storage_manager",
+        reason="LMCache is not installed (scripts/install-tools.sh puts lmcache 0.5.6 into tools/lmcache-site)",
+    )
