@@ -24,6 +24,8 @@ A comparison:
              the block size and concurrency shown first), "markdown" (the file as it is),
              "soak" (its summary, without the samples)
   chart      a chart under bench/results shown below the tables
+  readme     tables of the report (indexes, from 0) that the project's README.md carries,
+             between the marker lines `<!-- bench NAME: begin ... -->` and `<!-- bench NAME: end -->`
   note       what the command needs besides the preset
 
 To publish a new run: run it (it rewrites its current files), run `python3 bench/report.py`,
@@ -193,6 +195,7 @@ COMPARISONS = [
         "minutes": "7",
         "results": ["lmcache.md"],
         "render": "markdown",
+        "readme": [1, 2],
     },
     {
         "name": "local",

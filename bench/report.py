@@ -12,6 +12,9 @@ Writes:
   bench/results/INDEX.md     the current result files of every comparison, and the archive
   bench/README.md            its table of comparisons (between the two marker lines; the
                              rest of the file is written by hand)
+  README.md                  for each comparison with a "readme" entry, the tables it names
+                             of the comparison's result file (between that comparison's two
+                             marker lines)
 
 Only the standard library; reads nothing but bench/comparisons.py and bench/results.
 """
@@ -29,6 +32,7 @@ RESULTS = os.path.join(BENCH, "results")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 INDEX = os.path.join(RESULTS, "INDEX.md")
 README = os.path.join(BENCH, "README.md")
+FRONT_README = os.path.join(ROOT, "README.md")
 TABLE_BEGIN = "<!-- comparisons: begin (bench/report.py writes this table from bench/comparisons.py) -->"
 TABLE_END = "<!-- comparisons: end -->"
 REGENERATE = "python3 bench/report.py"
@@ -291,6 +295,43 @@ def readme(current):
     return before + TABLE_BEGIN + "\n" + "\n".join(rows) + "\n" + TABLE_END + after
 
 
+def excerpt_markers(c):
+    return (f"<!-- bench {c['name']}: begin (bench/report.py writes this from bench/results/{c['results'][0]}) -->",
+            f"<!-- bench {c['name']}: end -->")
+
+
+def tables(lines):
+    """Every markdown table in ``lines``, each as its lines."""
+    found, current = [], []
+    for line in lines + [""]:
+        if line.startswith("|"):
+            current.append(line.rstrip())
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def front_readme(current):
+    """README.md with the tables that comparisons put in it ("readme": indexes of tables of
+    their first result file, in order) rewritten; each comparison's place is marked by its two
+    marker lines, which must be there."""
+    for c in comparisons.COMPARISONS:
+        if "readme" not in c:
+            continue
+        begin, end = excerpt_markers(c)
+        if begin not in current or end not in current:
+            raise SystemExit(f"README.md lacks the marker lines of bench {c['name']}'s tables:\n{begin}\n{end}")
+        found = tables(read(c["results"][0]).split("\n"))
+        chosen = []
+        for i in c["readme"]:
+            chosen += ([""] if chosen else []) + found[i]
+        before, rest = current.split(begin, 1)
+        after = rest.split(end, 1)[1]
+        current = before + begin + "\n" + "\n".join(chosen) + "\n" + end + after
+    return current
+
+
 def unindexed():
     named = {n for c in comparisons.COMPARISONS for n in c["results"]} | {"INDEX.md", "archive"}
     return sorted(set(os.listdir(RESULTS)) - named)
@@ -299,7 +340,9 @@ def unindexed():
 def outputs():
     with open(README, encoding="utf-8") as f:
         current_readme = f.read()
-    return {DOCS: docs(), INDEX: index(), README: readme(current_readme)}
+    with open(FRONT_README, encoding="utf-8") as f:
+        current_front = f.read()
+    return {DOCS: docs(), INDEX: index(), README: readme(current_readme), FRONT_README: front_readme(current_front)}
 
 
 def main(argv=None):

@@ -1,5 +1,5 @@
-"""The benchmark pages are generated, never typed: docs/benchmarks.md, bench/results/INDEX.md
-and bench/README.md's table of comparisons are what bench/report.py writes from
+"""The benchmark pages are generated, never typed: docs/benchmarks.md, bench/results/INDEX.md,
+bench/README.md's table of comparisons and the benchmark tables in README.md are what bench/report.py writes from
 bench/comparisons.py and the current result files under bench/results. This fails when one
 is not (a result file or the list of comparisons changed without regenerating them, or a
 page was edited by hand). It runs `python3 bench/report.py --check`: the standard library
@@ -21,5 +21,6 @@ def test_benchmark_pages_are_what_bench_report_writes():
     assert done.returncode == 0, (
         f"{done.stdout}{done.stderr}\n"
         "Regenerate the benchmark pages with `python3 bench/report.py` (from the checkout's root) and commit "
-        "what it rewrites: docs/benchmarks.md, bench/results/INDEX.md and bench/README.md's table of comparisons."
+        "what it rewrites: docs/benchmarks.md, bench/results/INDEX.md, bench/README.md's table of comparisons "
+        "and the benchmark tables README.md carries."
     )
