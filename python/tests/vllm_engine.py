@@ -45,9 +45,11 @@ def offloading_config(
     extra: dict | None = None,
     block_bytes: int = BLOCK_BYTES,
     max_model_len: int = 4096,
+    groups: tuple[OffloadingGroupConfig, ...] | None = None,
 ) -> OffloadingConfig:
     """vLLM's OffloadingConfig for one single-GPU engine with a TieringOffloadingSpec (also
-    bench/local_compare.py's engines, with blocks of the benchmark's chunk size)."""
+    bench/local_compare.py's engines, with blocks of the benchmark's chunk size). ``groups``:
+    the model's KV-cache groups (default one full-attention group of 16-token blocks)."""
     chunk_bytes = block_bytes * blocks_per_chunk
     extra_config = {
         "spec_name": "TieringOffloadingSpec",
@@ -56,7 +58,7 @@ def offloading_config(
         **(extra or {}),
     }
     return OffloadingConfig(
-        groups=(OffloadingGroupConfig(16, ("model.layers.0.attn",), 0),),
+        groups=groups or (OffloadingGroupConfig(16, ("model.layers.0.attn",), 0),),
         worker_kv_bytes_per_block=block_bytes,
         enable_kv_cache_events=events,
         extra_config=extra_config,
