@@ -435,6 +435,17 @@ void test_eviction(const kvtier::Api &api)
     const kvtier::EvictionReport again = tier.evict_now();
     CHECK(again.objects == 2 && again.deleted == 0);
 
+    // Pinned blocks stay through a round over budget; unpinned, they go.
+    tier.pin(keys);
+    store_and_wait(tier, 2, {0, 1, 2, 3}, keys);
+    const kvtier::EvictionReport pinned = tier.evict_now();
+    CHECK(pinned.objects == 4 && pinned.deleted == 0);
+    tier.unpin(keys);
+    const kvtier::EvictionReport unpinned = tier.evict_now();
+    CHECK(unpinned.objects == 4 && unpinned.deleted == 2);
+    expect_error(KVT_STATUS_INVALID_ARGUMENT, [&] { tier.pin(keys, 7); }, "pin with a key length that splits the buffer",
+                 false);
+
     // No eviction configured: STATE.
     kvtier::Tier plain(api, R"({"store":{"type":"memory"}})");
     expect_error(KVT_STATUS_STATE, [&] { plain.evict_now(); }, "evict_now without eviction");

@@ -734,6 +734,35 @@ enum kvt_status kvt_tier_delete(struct kvt_tier *tier,
                                 size_t num_keys,
                                 struct kvt_eviction_report *out_report);
 
+// Pins the blocks of `num_keys` keys (`key_len` bytes each, back to back in `keys`): the
+// tier's own eviction (the `eviction` rounds and kvt_tier_evict_now) keeps them until
+// they are unpinned, while they still count towards its byte budget. Pins count: a key
+// pinned twice stays pinned until unpinned twice. Nothing is asked of the store, and an
+// absent key may be pinned.
+//
+// A pin holds against this tier alone. The bucket is shared: other tiers' eviction,
+// `kvtier gc` (another process), and kvt_tier_clear and kvt_tier_delete (explicit
+// requests) do not honour it. A pinned block deleted by any of them loads as
+// KVT_STATUS_NOT_FOUND, never as other bytes. For LMCache's "lookup and lock".
+//
+// `num_keys == 0` is OK. NULL `tier`, or NULL `keys` with `num_keys > 0`, is
+// KVT_STATUS_NULL_ARGUMENT; a wrong `key_len` (outside 5..68, or not the configured
+// `key_bytes`) or `num_keys` above KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT
+// and nothing is pinned; after shutdown KVT_STATUS_SHUT_DOWN. Does not block.
+// Thread-safe.
+enum kvt_status kvt_tier_pin(struct kvt_tier *tier,
+                             const uint8_t *keys,
+                             size_t key_len,
+                             size_t num_keys);
+
+// Takes one pin from each of `num_keys` keys (`key_len` bytes each, back to back in
+// `keys`); a key not pinned is left alone. Arguments and errors as for kvt_tier_pin
+// (nothing is unpinned on error). Does not block. Thread-safe.
+enum kvt_status kvt_tier_unpin(struct kvt_tier *tier,
+                               const uint8_t *keys,
+                               size_t key_len,
+                               size_t num_keys);
+
 // Copies the tier's counters into `*out_stats`, writing at most `stats_size` bytes:
 // pass `sizeof(kvt_stats)`. Counters are only ever appended, so a caller built against
 // an older header gets the counters it knows and nothing is written past its struct.

@@ -149,6 +149,8 @@ struct Api {
     decltype(&::kvt_tier_evict_now) tier_evict_now = nullptr;
     decltype(&::kvt_tier_clear) tier_clear = nullptr;
     decltype(&::kvt_tier_delete) tier_delete = nullptr;
+    decltype(&::kvt_tier_pin) tier_pin = nullptr;
+    decltype(&::kvt_tier_unpin) tier_unpin = nullptr;
     decltype(&::kvt_tier_stats) tier_stats = nullptr;
     decltype(&::kvt_tier_metrics) tier_metrics = nullptr;
     decltype(&::kvt_set_log_callback) set_log_callback = nullptr;
@@ -167,7 +169,7 @@ struct Api {
                tier_submit_load && tier_poll && tier_event_fd && tier_jobs_in_flight && tier_drain &&
                tier_shutdown && tier_free && last_error && config_schema && stats_fields && config_check &&
                tier_location && tier_lookup && tier_schedule_end && tier_request_finished && tier_check_now && tier_take_events &&
-               tier_take_kv_events && tier_evict_now && tier_clear && tier_delete && tier_stats && tier_metrics && set_log_callback &&
+               tier_take_kv_events && tier_evict_now && tier_clear && tier_delete && tier_pin && tier_unpin && tier_stats && tier_metrics && set_log_callback &&
                vllm_namespace && tier_add_region && tier_remove_region && tier_submit_store_ranges &&
                tier_submit_load_ranges;
     }
@@ -204,6 +206,8 @@ struct Api {
             a.tier_evict_now = &::kvt_tier_evict_now;
             a.tier_clear = &::kvt_tier_clear;
             a.tier_delete = &::kvt_tier_delete;
+            a.tier_pin = &::kvt_tier_pin;
+            a.tier_unpin = &::kvt_tier_unpin;
             a.tier_stats = &::kvt_tier_stats;
             a.tier_metrics = &::kvt_tier_metrics;
             a.set_log_callback = &::kvt_set_log_callback;
@@ -269,6 +273,8 @@ struct Api {
         resolve(handle, "kvt_tier_evict_now", a.tier_evict_now);
         resolve(handle, "kvt_tier_clear", a.tier_clear);
         resolve(handle, "kvt_tier_delete", a.tier_delete);
+        resolve(handle, "kvt_tier_pin", a.tier_pin);
+        resolve(handle, "kvt_tier_unpin", a.tier_unpin);
         resolve(handle, "kvt_tier_stats", a.tier_stats);
         resolve(handle, "kvt_tier_metrics", a.tier_metrics);
         resolve(handle, "kvt_set_log_callback", a.set_log_callback);
@@ -714,13 +720,27 @@ public:
     // a wrong key length; KVT_STATUS_SHUT_DOWN after shutdown).
     EvictionReport delete_keys(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
     {
-        if (key_len == 0 || keys.size() % key_len != 0) {
-            throw Error(KVT_STATUS_INVALID_ARGUMENT,
-                        "kvt_tier_delete: the key buffer is not a whole number of key_len-byte keys", false);
-        }
+        const std::size_t n = whole_keys("kvt_tier_delete", keys, key_len);
         EvictionReport r{};
-        check(api_, api_.tier_delete(tier_, keys.data(), key_len, keys.size() / key_len, &r), "kvt_tier_delete");
+        check(api_, api_.tier_delete(tier_, keys.data(), key_len, n, &r), "kvt_tier_delete");
         return r;
+    }
+
+    // Pins the blocks of keys.size() / key_len keys (kvt_tier_pin): this tier's own
+    // eviction keeps them until unpin() (pins count). Holds against this tier alone; see
+    // the C header. Does not block. Thread-safe. Throws Error as delete_keys does.
+    void pin(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
+    {
+        const std::size_t n = whole_keys("kvt_tier_pin", keys, key_len);
+        check(api_, api_.tier_pin(tier_, keys.data(), key_len, n), "kvt_tier_pin");
+    }
+
+    // Takes one pin from each key (kvt_tier_unpin); a key not pinned is left alone.
+    // Thread-safe. Throws Error as delete_keys does.
+    void unpin(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
+    {
+        const std::size_t n = whole_keys("kvt_tier_unpin", keys, key_len);
+        check(api_, api_.tier_unpin(tier_, keys.data(), key_len, n), "kvt_tier_unpin");
     }
 
     // ---- Counters. A copy of the tier's counters (kvt_tier_stats with sizeof(kvt_stats)).
@@ -769,6 +789,16 @@ public:
     }
 
 private:
+    // How many key_len-byte keys `keys` holds; throws when it is not a whole number.
+    static std::size_t whole_keys(const char *what, Span<std::uint8_t> keys, std::size_t key_len)
+    {
+        if (key_len == 0 || keys.size() % key_len != 0) {
+            throw Error(KVT_STATUS_INVALID_ARGUMENT,
+                        std::string(what) + ": the key buffer is not a whole number of key_len-byte keys", false);
+        }
+        return keys.size() / key_len;
+    }
+
     kvt_status submit(kvt_job_kind kind, std::uint64_t job_id, Span<std::uint64_t> block_ids,
                       Span<std::uint8_t> keys, std::size_t key_len, bool throw_on_error)
     {

@@ -34,6 +34,8 @@ mod teardown;
 mod lookups;
 // KV events, eviction rounds, clear.
 mod events;
+// Pins: blocks the tier's own eviction keeps.
+mod pins;
 // Counters, metrics, the log callback.
 mod observe;
 // vLLM's namespace string.
@@ -68,6 +70,7 @@ pub use info::*;
 pub use lookups::*;
 pub use namespace::*;
 pub use observe::*;
+pub use pins::*;
 pub use poll::*;
 pub use progress::*;
 pub use setup::*;

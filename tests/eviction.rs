@@ -207,3 +207,60 @@ fn deleting_named_keys_removes_their_objects_with_one_removed_event_each() {
     drop(tier);
     drop(mem);
 }
+
+#[test]
+fn pinned_blocks_stay_through_eviction_and_count_towards_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 4 * BLOCK as u64;
+    let config = serde_json::json!({
+        "store": {"type": "local", "path": dir.path()},
+        "namespace": "m_0123456789ab_r0",
+        "enable_kv_events": true,
+        "eviction": {"max_bytes": budget, "interval_ms": 3_600_000},
+    });
+    let tier = Tier::from_json(&config.to_string()).unwrap();
+    let mut mem = vec![7u8; 64 * BLOCK];
+    unsafe { tier.register_memory(mem.as_mut_ptr(), 64, BLOCK).unwrap() };
+    // Blocks 0..8, oldest first; the three oldest are pinned (one of them twice).
+    store_all(&tier, 0, 8);
+    let pinned = [key(0), key(1), key(2)];
+    tier.pin_keys(&pinned).unwrap();
+    tier.pin_keys(&[key(0)]).unwrap();
+    assert_eq!(tier.pinned_keys(), 3);
+
+    let report = tier.evict_now().unwrap();
+    // The pinned blocks stay and count: of the 5 others, 4 go to meet a budget of 4.
+    assert_eq!((report.objects, report.deleted), (8, 4), "{report:?}");
+    assert_eq!(stored_bytes(dir.path()), budget);
+    let exists = |k: &Vec<u8>| {
+        dir.path()
+            .join(tier.layout().object_name(k).unwrap())
+            .exists()
+    };
+    assert!(pinned.iter().all(exists), "a pinned block was evicted");
+    assert!(exists(&key(7)), "the newest unpinned block was evicted");
+
+    // Unpinned (key 0 keeps one pin; key 5 was never pinned), the oldest go next.
+    assert_eq!(
+        tier.unpin_keys(&[key(0), key(1), key(2), key(5)]).unwrap(),
+        1
+    );
+    store_all(&tier, 8, 2);
+    let report = tier.evict_now().unwrap();
+    assert_eq!(report.deleted, 2, "{report:?}");
+    assert!(exists(&key(0)) && !exists(&key(1)) && !exists(&key(2)));
+    tier.unpin_keys(&[key(0)]).unwrap();
+    assert_eq!(tier.pinned_keys(), 0);
+    store_all(&tier, 10, 1);
+    let report = tier.evict_now().unwrap();
+    assert_eq!(report.deleted, 1, "{report:?}");
+    assert!(!exists(&key(0)) && exists(&key(7)) && exists(&key(10)));
+
+    // Pins are refused for a wrong key length and after shutdown, naming why.
+    let err = tier.pin_keys(&[vec![1u8; 3]]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument, "{}", err.message);
+    tier.shutdown();
+    assert_eq!(tier.pin_keys(&pinned).unwrap_err().status, Status::ShutDown);
+    drop(tier);
+    drop(mem);
+}

@@ -4,6 +4,8 @@
 //! store uploads it again. A block deleted under a lookup is simply a MISS later: its
 //! load fails alone with NotFound, never with wrong bytes.
 //!
+//! Blocks the host pinned ([`super::Tier::pin_keys`]) stay, and count towards the budget.
+//!
 //! "Oldest" is by last-modified time: an approximate LRU needs something to refresh it
 //! (not built; S3 lifecycle rules are the alternative for pure age limits).
 
@@ -59,12 +61,23 @@ pub fn choose_evictions(
     cutoff: Option<SystemTime>,
     max_bytes: Option<u64>,
 ) -> Vec<EvictionReason> {
+    choose_evictions_beside(objects, 0, cutoff, max_bytes)
+}
+
+/// [`choose_evictions`] among `objects` beside `kept_bytes` of objects that stay whatever
+/// happens (pinned ones), which count towards `max_bytes` all the same.
+fn choose_evictions_beside(
+    objects: &mut [EvictionCandidate],
+    kept_bytes: u64,
+    cutoff: Option<SystemTime>,
+    max_bytes: Option<u64>,
+) -> Vec<EvictionReason> {
     objects.sort_by(|a, b| {
         a.modified
             .cmp(&b.modified)
             .then_with(|| a.name.cmp(&b.name))
     });
-    let mut remaining: u64 = objects.iter().map(|o| o.bytes).sum();
+    let mut remaining: u64 = kept_bytes + objects.iter().map(|o| o.bytes).sum::<u64>();
     let mut reasons = Vec::new();
     for object in objects.iter() {
         let reason = if cutoff.is_some_and(|cutoff| object.modified < cutoff) {
@@ -125,6 +138,7 @@ pub(crate) async fn round(
     let store = &shared.lookup_store;
     let mut listing = store.list(base);
     let mut blocks = Vec::new();
+    let (mut pinned, mut pinned_bytes) = (0u64, 0u64);
     while let Some(object) = listing.next().await {
         let object = object
             .map_err(|e| Error::new(e.status, format!("eviction: list {base}: {}", e.message)))?;
@@ -133,23 +147,28 @@ pub(crate) async fn round(
             Reach::Namespace => shared.layout.key_of(&object.name),
             Reach::Below => shared.layout.key_below(&object.name),
         };
-        if block.is_some() {
-            blocks.push(EvictionCandidate {
-                name: object.name,
-                bytes: object.bytes,
-                modified: object.modified,
-            });
+        let Some(key) = block else { continue };
+        // A pinned block of the tier's own namespace stays (clear keeps nothing).
+        if reach == Reach::Namespace && shared.pins.holds(&key) {
+            pinned += 1;
+            pinned_bytes += object.bytes;
+            continue;
         }
+        blocks.push(EvictionCandidate {
+            name: object.name,
+            bytes: object.bytes,
+            modified: object.modified,
+        });
     }
     let mut report = EvictionReport {
-        objects: blocks.len() as u64,
-        bytes: blocks.iter().map(|b| b.bytes).sum(),
+        objects: blocks.len() as u64 + pinned,
+        bytes: blocks.iter().map(|b| b.bytes).sum::<u64>() + pinned_bytes,
         ..Default::default()
     };
     let cutoff = config
         .max_age_s
         .and_then(|age| SystemTime::now().checked_sub(Duration::from_secs(age)));
-    let chosen = choose_evictions(&mut blocks, cutoff, config.max_bytes).len();
+    let chosen = choose_evictions_beside(&mut blocks, pinned_bytes, cutoff, config.max_bytes).len();
     let doomed = &blocks[..chosen];
     let mut removed = Vec::new();
     for block in doomed {

@@ -16,6 +16,7 @@ mod job;
 mod jobs;
 mod lookup;
 mod metrics;
+mod pins;
 mod runtime;
 mod shutdown;
 mod stats;
@@ -82,6 +83,8 @@ pub(crate) struct TierState {
     /// Every write into caller memory happens inside it; shutdown closes it once the grace
     /// period is over (see [`Tier::shutdown`]).
     caller_memory: Arc<CallerMemoryFence>,
+    /// Keys this tier's eviction keeps ([`Tier::pin_keys`]).
+    pins: pins::Pins,
 }
 
 struct Lookups {
@@ -241,6 +244,7 @@ impl Tier {
             events: events::EventQueue::default(),
             encryption,
             caller_memory,
+            pins: pins::Pins::default(),
         });
         if let Some(encryption) = &shared.encryption {
             if let Some(interval) = encryption.refresh_interval() {
