@@ -368,7 +368,8 @@ def test_an_engine_stores_through_the_documented_server_and_reads_back_from_kvti
     sent, names = store_and_find_objects(writer, lm_store)
 
     # L1 cleared through LMCache's cache reset (vLLM's reset_prefix_cache): the chunks
-    # come back from kvtier, into other blocks, byte-identical.
+    # come back, into other blocks, byte-identical. (A chunk whose push to kvtier is still
+    # ending stays in L1 through a reset; the second server below has nothing in L1.)
     assert writer.scheduler.reset_cache()
     assert read_back(writer, "read-1") == sent
 
