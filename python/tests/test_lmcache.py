@@ -458,27 +458,13 @@ def test_close_gives_every_task_one_result(local_only, servers):
     server.manager.delete_l1_keys(keys, force=True)
 
 
-def readme_server_argv(doc: str = "README.md", section: str = "## Use with LMCache") -> list[str]:
-    """The LMCache server command line of a document's section, as argv after the module."""
-    import re
-    import shlex
-
-    text = (Path(__file__).resolve().parents[2] / doc).read_text()
-    part = text[text.index(section):]
-    part = part[: part.index("\n## ", 1)]
-    block = re.search(r"```sh\n(.*?)```", part, re.S).group(1)
-    argv = shlex.split(block.replace("\\\n", " "))
-    assert argv[:3] == ["python", "-m", "lmcache.v1.multiprocess.server"], argv[:3]
-    return argv[3:]
-
-
 @pytest.mark.parametrize("doc, section", [("README.md", "## Use with LMCache"),
                                           ("docs/lmcache.md", "## Configuration")])
 def test_the_documented_command_line_gives_a_working_l2(local_only, servers, doc, section):
     """The documented flags, parsed by LMCache's own parser, load kvtier's adapter, which
     stores and serves chunks. Only the store and prefix (the docs' are placeholders), the
     L1 size (16 GB there) and the server's own flags (host, port) are the test's."""
-    argv = readme_server_argv(doc, section)
+    argv = lmcache_site.documented_server_argv(doc, section)
     for flag in ("--host", "--port"):  # the server's, not the storage manager's
         if flag in argv:
             del argv[argv.index(flag): argv.index(flag) + 2]
