@@ -262,3 +262,54 @@ def test_clear_deletes_the_side_pools_pages_too(kv_store, hybrids):
     a.backend.clear()
     assert a.backend.batch_exists(keys) == 0
     assert a.backend._present("mamba", keys) == [False, False]
+
+
+def dsa_group(layout, extra):
+    """SGLang's DSA pools on CPU (DSA needs 64-token pages): an MLA KV anchor host pool and
+    the indexer host pool on its indices, in a group under ``HybridCacheController``."""
+    import threading
+
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    page = 64
+    rig.server_args(layout)
+    rig.parallel()
+    dev = DSATokenToKVPool(size=512, page_size=page, kv_lora_rank=64, dtype=torch.bfloat16, qk_rope_head_dim=16,
+                           layer_num=rig.LAYERS, device="cpu", index_head_dim=128, enable_memory_saver=False,
+                           kv_cache_dim=80)
+    info = dev.get_device_pool_infos()[0].buffer_info
+    anchor = MLATokenToKVPoolHost(info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
+                                  device_capacity_tokens=dev.size, start_layer=dev.start_layer,
+                                  end_layer=dev.end_layer, target_layer_num=rig.LAYERS)
+    indexer = DSAIndexerPoolHost(make_dsa_indexer_pool_decl(dev), anchor, pin_memory=False, device="cpu")
+    group = HostPoolGroup([
+        PoolEntry(name=PoolName.KV, host_pool=anchor, device_pool=dev, layer_mapper=lambda i: i,
+                  is_primary_index_anchor=True),
+        PoolEntry(name=PoolName.INDEXER, host_pool=indexer, device_pool=dev, layer_mapper=lambda i: i),
+    ])
+    allocator = PagedTokenToKVPoolAllocator(dev.size, page, torch.bfloat16, "cpu", dev, False)
+    return lambda: HybridCacheController(
+        allocator, group, page, None, threading.Event(), write_policy="write_through", io_backend="direct",
+        storage_backend="dynamic", prefetch_threshold=page, model_name=rig.MODEL,
+        storage_backend_extra_config=dict(extra),
+    )
+
+
+def test_the_dsa_indexer_pool_registers_in_page_first_and_is_refused_in_layer_first(local_only):
+    """The DSA indexer builds on CPU; SGLang's controller registers it. In ``page_first`` it
+    gets its own namespace; in ``layer_first`` SGLang names no memory for its pages, and the
+    backend refuses it at registration with SGLang's reason (the controller fails to start)."""
+    extra = rig.extra_config(local_only.store_config, local_only.prefix)
+    ctrl = dsa_group("page_first", extra)()
+    try:
+        indexer = ctrl.storage_backend.side_pools["indexer"]
+        assert indexer.startswith("sglang/o-m/indexer-page_first-p64-") and indexer.endswith("/tp1")
+    finally:
+        ctrl.storage_backend.close()
+    with pytest.raises(ValueError, match="indexer.*Unsupported layout"):
+        dsa_group("layer_first", extra)()
