@@ -267,3 +267,145 @@ def hybrid_controller(layout: str, extra: dict, size: int = 512):
         prefetch_threshold=PAGE, model_name=MODEL, storage_backend_extra_config=dict(extra),
     )
     return ctrl, group.anchor_entry.host_pool
+
+
+# -- hybrid models: side pools ----------------------------------------------------------
+
+MAMBA_LAYERS = 2
+
+
+def mamba_host_pool(slots: int = 16, heads: int = 4):
+    """SGLang's Mamba state host pool (``MambaPoolHost``, page_first: one page is one
+    state slot holding every layer's temporal and conv state) over CPU state tensors
+    shaped as a device ``MambaPool`` hands them over (layer, slot, ...); unpinned."""
+    from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+
+    info = MambaStateBufferInfo(
+        temporal=torch.zeros(MAMBA_LAYERS, slots, heads, 16, dtype=torch.float32),
+        conv=(torch.zeros(MAMBA_LAYERS, slots, 32, 3, dtype=torch.bfloat16),),
+    )
+    host = MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, device="cpu", layout="page_first")
+    return host, info
+
+
+def swa_pools(layout: str, size: int = 256) -> Pools:
+    """A sliding-window KV pool: SGLang builds its host pool like the full KV pool's, over
+    the SWA layers' own device pool."""
+    return mha_pools(layout, size=size)
+
+
+@dataclass
+class Hybrid:
+    """A hybrid model's host pool group under SGLang's ``HybridCacheController``."""
+
+    ctrl: object
+    kv: object  # the KV (anchor) host pool
+    side: dict  # PoolName -> host pool
+
+    @property
+    def backend(self):
+        return self.ctrl.storage_backend
+
+
+def hybrid_group_controller(layout: str, extra: dict, side: dict, size: int = 512) -> Hybrid:
+    """SGLang's ``HybridCacheController`` over a ``HostPoolGroup`` of a KV anchor and the
+    side pools ``side`` (PoolName -> (host pool, device pool)), as SGLang's hybrid
+    assemblers group them, with the dynamic backend from ``extra``: the controller
+    registers every entry with the backend (``register_mem_host_pool_v2``)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+
+    server_args(layout)
+    parallel()
+    kv = mha_pools(layout, size=size)
+    entries = [PoolEntry(name=PoolName.KV, host_pool=kv.host, device_pool=kv.device,
+                         layer_mapper=lambda i: i, is_primary_index_anchor=True)]
+    for name, (host, device) in side.items():
+        entries.append(PoolEntry(name=name, host_pool=host, device_pool=device, layer_mapper=lambda i: i))
+    group = HostPoolGroup(entries)
+    ctrl = HybridCacheController(
+        kv.allocator, group, PAGE, None, threading.Event(),
+        write_policy="write_through", io_backend="direct", storage_backend="dynamic",
+        prefetch_threshold=PAGE, model_name=MODEL, storage_backend_extra_config=dict(extra),
+    )
+    return Hybrid(ctrl, kv.host, {name: host for name, (host, _) in side.items()})
+
+
+def fill_side_pages(host, indices: torch.Tensor, seed: int) -> None:
+    """Random bytes in the pages of side pool ``host`` at ``indices`` (the pool's own page
+    size: a Mamba page is one slot)."""
+    gen = torch.Generator().manual_seed(seed)
+    step = host.page_size
+    for start in range(0, len(indices), step):
+        page = host.get_data_page(int(indices[start]), flat=True)
+        noise = torch.randint(0, 256, (page.numel() * page.element_size(),), generator=gen, dtype=torch.int32)
+        host.set_from_flat_data_page(int(indices[start]), noise.to(torch.uint8).view(page.dtype))
+
+
+def side_page_bytes(host, indices: torch.Tensor) -> list[bytes]:
+    step = host.page_size
+    return [
+        host.get_data_page(int(indices[s]), flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+        for s in range(0, len(indices), step)
+    ]
+
+
+def hybrid_backup(h: Hybrid, kv_indices: torch.Tensor, toks: list[int], side: list, timeout: float = 60.0):
+    """``write_storage`` of the KV pages at ``kv_indices`` with the side-pool transfers
+    ``side`` (``PoolTransfer`` with keys and host indices, as the radix cache builds them),
+    and the wait for its ack. Returns (KV keys, pages SGLang counts as backed up, each
+    side pool's leading run of stored pages)."""
+    keys = page_keys(toks)
+    op_id = h.ctrl.write_storage(kv_indices, toks, hash_value=keys, extra_pools=side)
+    ack = h.ctrl.ack_backup_queue.get(timeout=timeout)
+    assert ack.id == op_id, (ack.id, op_id)
+    return keys, ack.completed_tokens // PAGE, dict(ack.pool_storage_result.extra_pool_hit_pages)
+
+
+@dataclass
+class HybridHit:
+    hit: int  # pages SGLang's hit query settled on (after its own reduction)
+    restorable: list  # restorable_prefix_pages the backend reported
+    loaded: int  # KV pages loaded
+    pool_hits: dict  # pool name -> pages its batch_get_v2 loaded (leading run)
+    kv_indices: torch.Tensor
+    side_indices: dict  # PoolName -> host indices of the side pages read
+
+
+def hybrid_prefetch(h: Hybrid, rid: str, toks: list[int], side: list, timeout: float = 60.0) -> HybridHit:
+    """SGLang's hybrid prefetch of ``toks`` with side transfers ``side`` (placeholder keys:
+    only their number counts, and no host indices): the hit query (``batch_exists_v2``),
+    host pages for the hit in the KV pool and, as the radix cache stages them, for each
+    side pool (``min(len(keys), hit pages)`` pages), the KV transfer (``batch_get_v1``),
+    then the side transfers (``batch_get_v2``, keys re-aligned to the hit)."""
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+    op = h.ctrl.prefetch(CacheRequestHandle(rid, 0), toks, extra_pools=side)
+    got = h.ctrl.prefetch_hit_queue.get(timeout=timeout)
+    assert got is op
+    hit_pages = op.storage_hit_count // PAGE
+    kv_indices = h.kv.alloc(op.storage_hit_count) if hit_pages else torch.tensor([], dtype=torch.int64)
+    assert kv_indices is not None, "host pool full"
+    op.host_indices = kv_indices
+    for t in side:
+        host = h.side[t.name]
+        n = min(len(t.keys or ()), hit_pages) * host.page_size
+        if n:
+            t.host_indices = host.alloc(n)
+            assert t.host_indices is not None, f"{t.name} host pool full"
+    h.ctrl.prefetch_buffer.put(op)
+    loaded, pool_hits = 0, {}
+    while True:
+        ack = h.ctrl.ack_prefetch_queue.get(timeout=timeout)
+        assert ack.operation is op
+        if ack.completed_tokens is not None:
+            loaded = max(loaded, ack.completed_tokens)
+        if ack.pool_hits is not None:
+            pool_hits = {k: v for k, v in ack.pool_hits.items() if v}
+        if ack.completed_req:
+            break
+    restorable = list(op.pool_storage_result.restorable_prefix_pages or [])
+    return HybridHit(hit_pages, restorable, loaded // PAGE, pool_hits, kv_indices,
+                     {t.name: t.host_indices for t in side})

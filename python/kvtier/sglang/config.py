@@ -14,6 +14,8 @@ that can always do.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any, Mapping
 
@@ -86,22 +88,85 @@ def namespace(storage_config: Any, geometry: Mapping[str, Any]) -> str:
     ``tp<size>`` for MLA (every rank holds the same latent cache; one writes), then
     ``pp<rank>of<size>`` and ``cp<rank>of<size>`` when those are used.
     """
-    model = segment(getattr(storage_config, "model_name", None) or "model")
     g = geometry
     if g["kind"] == "mha":
         shape = f"h{g['heads']}x{g['head_dim']}"
     else:
         shape = f"r{g['kv_lora_rank']}x{g['rope_dim']}"
     pool = segment(f"{g['kind']}-{g['layout']}-{g['dtype']}-p{g['page_size']}-l{g['layers']}-{shape}")
+    return "/".join(["sglang", _model(storage_config), pool, shard(storage_config, replicated=g["kind"] == "mla")])
+
+
+def _model(storage_config: Any) -> str:
+    return segment(getattr(storage_config, "model_name", None) or "model")
+
+
+def shard(storage_config: Any, replicated: bool) -> str:
+    """The rank's shard segment: ``tp<size>`` for a pool every TP rank holds alike (MLA),
+    else ``tp<rank>of<size>``; then ``pp``, ``cp`` and ``dcp`` when used."""
     tp_rank, tp_size = storage_config.tp_rank, storage_config.tp_size
-    shard = [f"tp{tp_size}" if g["kind"] == "mla" else f"tp{tp_rank}of{tp_size}"]
+    parts = [f"tp{tp_size}" if replicated else f"tp{tp_rank}of{tp_size}"]
     if storage_config.pp_size > 1:
-        shard.append(f"pp{storage_config.pp_rank}of{storage_config.pp_size}")
+        parts.append(f"pp{storage_config.pp_rank}of{storage_config.pp_size}")
     if getattr(storage_config, "attn_cp_size", 1) > 1:
-        shard.append(f"cp{storage_config.attn_cp_rank}of{storage_config.attn_cp_size}")
+        parts.append(f"cp{storage_config.attn_cp_rank}of{storage_config.attn_cp_size}")
     if getattr(storage_config, "dcp_size", 1) > 1:
-        shard.append(f"dcp{storage_config.dcp_rank}of{storage_config.dcp_size}")
-    return "/".join(["sglang", model, pool, "_".join(shard)])
+        parts.append(f"dcp{storage_config.dcp_rank}of{storage_config.dcp_size}")
+    return "_".join(parts)
+
+
+#: Attributes of SGLang's host pools that shape a page's bytes, where a pool has them:
+#: KV-like pools (MHA, MLA), Mamba state, the DSA indexer. A side pool's geometry is
+#: every one of these it has, with its layout, page size and the byte size of each piece
+#: of a page.
+_SHAPE_ATTRS = (
+    "layer_num", "head_num", "head_dim", "kv_lora_rank", "qk_rope_head_dim", "kv_cache_dim",
+    "num_mamba_layers", "temporal_state_shape", "conv_state_shapes", "temporal_dtype", "conv_dtype",
+    "indexer_page_stride_size", "indexer_dtype", "dtype",
+)
+
+#: Side pools whose pages every TP rank holds for itself, even when the KV pool is
+#: replicated (MLA): SGLang backs their pages up on every rank.
+PER_RANK_POOLS = frozenset({"mamba"})
+
+
+def side_pool_geometry(name: str, host_pool: Any, piece_bytes: list[int]) -> dict[str, Any]:
+    """What the bytes of a page of side pool ``name`` depend on: its kind (the pool's
+    name), layout, tokens per page, the bytes of each piece of a page (in object order)
+    and every shape attribute :data:`_SHAPE_ATTRS` the pool has."""
+    geometry: dict[str, Any] = {
+        "kind": name,
+        "layout": getattr(host_pool, "layout", None),
+        "page_size": getattr(host_pool, "page_size", None),
+        "pieces": [int(n) for n in piece_bytes],
+    }
+    for attr in _SHAPE_ATTRS:
+        value = getattr(host_pool, attr, None)
+        if value is not None:
+            geometry[attr] = _plain(value)
+    return geometry
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-able data: dtypes and shapes as strings and lists."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Size":
+        return [_plain(v) for v in value]
+    return str(value).replace("torch.", "")
+
+
+def side_pool_namespace(storage_config: Any, geometry: Mapping[str, Any], replicated: bool) -> str:
+    """The namespace of a side pool's pages (Mamba state, SWA window, DSA indexer, ...):
+    ``sglang/<model>/<kind>-<layout>-p<tokens per page>-b<bytes per page>-<digest>/<shard>``,
+    where the digest is the first 8 hex digits of the SHA-256 of the whole geometry
+    (:func:`side_pool_geometry`). A pool of another kind or geometry never shares a
+    namespace, and so never reads another's bytes; the KV pool's namespace
+    (:func:`namespace`) has no such segment."""
+    g = geometry
+    digest = hashlib.sha256(json.dumps(dict(g), sort_keys=True).encode()).hexdigest()[:8]
+    pool = segment(f"{g['kind']}-{g['layout']}-p{g['page_size']}-b{sum(g['pieces'])}-{digest}")
+    return "/".join(["sglang", _model(storage_config), pool, shard(storage_config, replicated)])
 
 
 def build_tier_config(extra_config: Mapping[str, Any] | None, ns: str) -> dict:
