@@ -22,7 +22,8 @@ A comparison:
   render     how bench/report.py shows the report: "compare" (bench/compare's report:
              client pivot tables, targets, existence; ``sections`` picks some, ``headline``
              the block size and concurrency shown first), "markdown" (the file as it is),
-             "soak" (its summary, without the samples)
+             "soak" (its summary, without the samples), "scheduler" (bench/scheduler_cost.py's
+             JSON as tables: CPU per step, per call, the targets)
   chart      a chart under bench/results shown below the tables
   readme     tables of the report (indexes, from 0) that the project's README.md carries,
              between the marker lines `<!-- bench NAME: begin ... -->` and `<!-- bench NAME: end -->`
@@ -212,6 +213,23 @@ COMPARISONS = [
         "render": "markdown",
     },
     {
+        "name": "scheduler",
+        "question": "What does the tier cost vLLM's scheduler thread per step, beside vLLM's own fs tier?",
+        "heading": "Scheduler-thread cost in vLLM",
+        "measures": "kvtier's `KvtierTier` on a local directory and vLLM 0.33's own `fs` tier, each driven through "
+                    "vLLM's real `TieringOffloadingManager` (built by vLLM's factory) with the same scheduler steps: "
+                    "new keys looked up and asked again until answered, stores cascaded to the tier, promotions, then "
+                    "the step's end, `take_events` and `get_stats`, 64 KiB chunks. Measured is the scheduler "
+                    "thread's CPU (`time.thread_time_ns`) around the manager's calls, per step and, in instrumented "
+                    "runs, per tier call, and the steps until a lookup is answered.",
+        "driver": ["bench/scheduler_cost.py"],
+        "interpreter": "tools/venv",
+        "preset": [],
+        "minutes": "3",
+        "results": ["scheduler-cost.json"],
+        "render": "scheduler",
+    },
+    {
         "name": "https",
         "question": "What do HTTPS loads cost on the direct path against the general client and plain http?",
         "heading": "HTTPS loads",
@@ -273,6 +291,9 @@ COMPARISONS = [
 
 # Result files moved to bench/results/archive/ (superseded runs), and why.
 ARCHIVED = {
+    "scheduler-cost-before.json": "bench/scheduler_cost.py on the vLLM adapter before its scheduler-thread work "
+                                  "(a library call per lookup, per poll, per event take): the baseline of "
+                                  "scheduler-cost.json",
     "latest.md": "bench/compare's default output name; this run is full.md's (the same run, kept as full.*)",
     "latest.jsonl": "the raw measurements of latest.md, the same as full.jsonl",
     "latest.png": "the chart of latest.md, the same as full.png",
@@ -295,6 +316,7 @@ DRIVERS = {
     "local_compare.py": (["bench/local_compare.py"], "tools/venv"),
     "sglang_compare.py": (["bench/sglang_compare.py"], "tools/venv"),
     "lmcache_compare.py": (["bench/lmcache_compare.py"], "tools/venv"),
+    "scheduler_cost.py": (["bench/scheduler_cost.py"], "tools/venv"),
     "https_loads.py": (["bench/https_loads.py"], "python3"),
     "uring.py": (["bench/uring.py"], "python3"),
     "fleet_soak.py": (["bench/fleet_soak.py"], "tools/venv"),

@@ -213,7 +213,74 @@ def render_compare(c, level):
     return title, tidy(lines, level)
 
 
-RENDER = {"markdown": render_markdown, "soak": render_soak, "compare": render_compare}
+def _num(value, digits=0):
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def render_scheduler(c, level):
+    """bench/scheduler_cost.py's JSON: scheduler CPU per step by mix and tier, the cost of
+    each tier call, the steps until a lookup is answered, and the issue's targets judged."""
+    import json
+
+    report = json.loads(read(c["results"][0]))
+    results = report["results"]
+    tiers = report["settings"]["tiers"]
+    mixes = list(dict.fromkeys(r["mix"] for r in results))
+    by = {(r["mix"], r["tier"]): r for r in results}
+    s = report["settings"]
+    lines = [
+        f"{report['date']}, git {report['git']}, {report['machine']}, vLLM {report['vllm']}; "
+        f"{s['steps']} measured steps after {s['warmup']} of warm-up, {s['gap_ms']} ms between steps, "
+        f"{s['reps']} runs of each tier per mix, alternated; medians over runs. "
+        + (f"{report['label']}." if report.get("label") else ""),
+        "",
+        "Mixes (per step): " + "; ".join(
+            f"**{m}**: {v['new_keys']} new keys looked up ({v['in_primary']} in the CPU tier, {v['in_tier']} in the "
+            f"secondary tier), {v['stores']} stores in {v['store_jobs']} jobs" for m, v in s["mixes"].items()) + ".",
+        "",
+        "## Scheduler-thread CPU per step",
+        "",
+        "| mix | tier | mean µs | p99 µs | mean vs fs | steps to the tier's answer (mean / max) | steps to HIT |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for m in mixes:
+        fs = by.get((m, "fs"))
+        for t in tiers:
+            r = by.get((m, t))
+            if r is None:
+                continue
+            ratio = f"{r['step_cpu_us_mean'] / fs['step_cpu_us_mean']:.2f}×" if fs else "–"
+            lines.append(f"| {m} | {t} | {_num(r['step_cpu_us_mean'])} | {_num(r['step_cpu_us_p99'])} | {ratio} | "
+                         f"{_num(r['steps_to_answer_mean'], 2)} / {r['steps_to_answer_max']} | "
+                         f"{_num(r['steps_to_hit_mean'], 2)} |")
+    calls = [("lookup", "lookup, per key"), ("submit_store", "submit_store, per job"),
+             ("submit_load", "submit_load, per job"), ("collect_empty", "get_finished_jobs, nothing finished"),
+             ("collect", "get_finished_jobs, some finished"), ("events_empty", "take_events, none"),
+             ("events", "take_events, some"), ("get_stats", "get_stats")]
+    lines += ["", "## Per call, scheduler-thread CPU (median µs)", "",
+              "| mix | call | " + " | ".join(tiers) + " |", "|---|---|" + "---:|" * len(tiers)]
+    for m in mixes:
+        for name, what in calls:
+            cells = [((by.get((m, t)) or {}).get("calls") or {}).get(name, {}).get("median_us") for t in tiers]
+            if all(v is None for v in cells):
+                continue
+            lines.append(f"| {m} | {what} | " + " | ".join(_num(v, 2) for v in cells) + " |")
+    if "kvtier" in tiers and "fs" in tiers:
+        lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+        for m in mixes:
+            k, f = by.get((m, "kvtier")), by.get((m, "fs"))
+            if k and f:
+                ratio = k["step_cpu_us_mean"] / f["step_cpu_us_mean"]
+                lines.append(f"| {m}: scheduler CPU per step ≤ 0.8× vLLM's fs tier | {ratio:.2f}× | "
+                             f"{'yes' if ratio <= 0.8 else 'no'} |")
+        for m in mixes:
+            v = ((by.get((m, "kvtier")) or {}).get("calls") or {}).get("lookup", {}).get("median_us")
+            if v is not None:
+                lines.append(f"| {m}: kvtier lookup ≤ 0.5 µs per key | {v:.2f} µs | {'yes' if v <= 0.5 else 'no'} |")
+    return None, tidy(lines, level)
+
+
+RENDER = {"markdown": render_markdown, "soak": render_soak, "compare": render_compare, "scheduler": render_scheduler}
 
 
 # ------------------------------------------------------------------------------------------

@@ -628,6 +628,25 @@ enum kvt_status kvt_tier_lookup(struct kvt_tier *tier,
                                 size_t key_len,
                                 enum kvt_lookup_result *out_result);
 
+// Answers `num_keys` lookups at once, as `kvt_tier_lookup` called for each in turn would:
+// key `i` (`key_len` bytes at `keys + i * key_len`) for request `req_ids[i]`, its verdict
+// in `out_results[i]`. For hosts that gather a scheduler step's lookups and hand them over
+// in one call instead of one call per key; the sharing rules, RETRY for an unknown key and
+// its check after the next `kvt_tier_schedule_end` are those of `kvt_tier_lookup`.
+//
+// `num_keys == 0` is OK (nothing is read or written). NULL `tier`, or NULL `req_ids`,
+// `keys` or `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong
+// `key_len` (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and nothing is looked up; after
+// shutdown KVT_STATUS_SHUT_DOWN. `out_results` is written only on success. The arrays are
+// borrowed for the call. Never blocks. Thread-safe.
+enum kvt_status kvt_tier_lookup_batch(struct kvt_tier *tier,
+                                      const uint64_t *req_ids,
+                                      const uint8_t *keys,
+                                      size_t key_len,
+                                      size_t num_keys,
+                                      enum kvt_lookup_result *out_results);
+
 // Ends a scheduler step: sends the lookups asked since the last call, deduplicated
 // across requests, as one batch of concurrent existence checks on the lookup lane
 // (separate from transfers). Never blocks. Thread-safe.

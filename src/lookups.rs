@@ -46,6 +46,71 @@ pub unsafe extern "C" fn kvt_tier_lookup(
     unsafe { guard_tier("kvt_tier_lookup", tier, Access::Work, body) }
 }
 
+/// Answers `num_keys` lookups at once, as `kvt_tier_lookup` called for each in turn would:
+/// key `i` (`key_len` bytes at `keys + i * key_len`) for request `req_ids[i]`, its verdict
+/// in `out_results[i]`. For hosts that gather a scheduler step's lookups and hand them over
+/// in one call instead of one call per key; the sharing rules, RETRY for an unknown key and
+/// its check after the next `kvt_tier_schedule_end` are those of `kvt_tier_lookup`.
+///
+/// `num_keys == 0` is OK (nothing is read or written). NULL `tier`, or NULL `req_ids`,
+/// `keys` or `out_results` with `num_keys > 0`, is KVT_STATUS_NULL_ARGUMENT; a wrong
+/// `key_len` (outside 5..68, or not the configured `key_bytes`) or `num_keys` above
+/// KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT and nothing is looked up; after
+/// shutdown KVT_STATUS_SHUT_DOWN. `out_results` is written only on success. The arrays are
+/// borrowed for the call. Never blocks. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn kvt_tier_lookup_batch(
+    tier: *mut kvt_tier,
+    req_ids: *const u64,
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+    out_results: *mut kvt_lookup_result,
+) -> Status {
+    let body = |handle: &kvt_tier| {
+        if num_keys == 0 {
+            return Ok(());
+        }
+        if req_ids.is_null() || keys.is_null() || out_results.is_null() {
+            let what = if req_ids.is_null() {
+                "req_ids"
+            } else if keys.is_null() {
+                "keys"
+            } else {
+                "out_results"
+            };
+            return Err(Error::new(
+                Status::NullArgument,
+                format!("{what} is NULL with num_keys = {num_keys}"),
+            ));
+        }
+        kvtier_core::key::check_key_len(key_len)?;
+        if num_keys > kvtier_core::MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "num_keys is {num_keys}; a lookup batch has at most {} keys",
+                kvtier_core::MAX_KEYS_PER_JOB
+            )));
+        }
+        // SAFETY: non-NULL (checked above) and `num_keys` readable ids and `key_len *
+        // num_keys` readable bytes by the header's contract; both are bounded (checked
+        // above), so the product fits.
+        let requests = unsafe { std::slice::from_raw_parts(req_ids, num_keys) };
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
+        let keys: Vec<&[u8]> = bytes.chunks_exact(key_len).collect();
+        let verdicts = handle.tier.lookup_batch(requests, &keys)?;
+        // SAFETY: non-NULL (checked above) and `num_keys` writable results by the header's
+        // contract; `verdicts` has one per key.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_results, num_keys) };
+        for (slot, verdict) in out.iter_mut().zip(verdicts) {
+            *slot = verdict.into();
+        }
+        Ok(())
+    };
+    // SAFETY: `tier` is NULL or a live handle (the header's precondition).
+    unsafe { guard_tier("kvt_tier_lookup_batch", tier, Access::Work, body) }
+}
+
 /// Ends a scheduler step: sends the lookups asked since the last call, deduplicated
 /// across requests, as one batch of concurrent existence checks on the lookup lane
 /// (separate from transfers). Never blocks. Thread-safe.

@@ -26,10 +26,13 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from typing import Any, Collection, Iterable, Iterator, Mapping
+import os
+import select
+import weakref
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping
 
 from .errors import DuplicateJobError, ForkedError, KvtierError, Status
-from .tier import KEY_GROUP_BYTES, JobKind, JobOutcome, Tier
+from .tier import KEY_GROUP_BYTES, JobKind, JobOutcome, LookupResult, Tier
 
 # ---------------------------------------------------------------------------------------
 # Configuration.
@@ -200,17 +203,40 @@ class JobBook:
     adapter from one thread.
     """
 
-    def __init__(self, logger: logging.Logger):
+    def __init__(self, logger: logging.Logger, on_failed_loads: Callable[[list], None] | None = None):
         self._logger = logger
         self._jobs: dict[int, _PendingJob] = {}
         self._parts: dict[int, tuple[int, list]] = {}  # library job id -> (engine job id, its keys)
         self._next_part_id = itertools.count(1)
         self._finished: list[FinishedJob] = []
+        #: Told the keys of loads that failed, as the library marks them MISS (in the poll).
+        self._on_failed_loads = on_failed_loads
+        # The tier's event fd, polled without blocking: readable while results wait, so a
+        # collect with jobs in flight and none finished makes no call into the library.
+        self._ready: Any = None
+        self._ready_tier: Any = None
+        self._pid = os.getpid()
+
+    def _results_may_wait(self, tier: Tier) -> bool:
+        if self._ready_tier is not tier:
+            self._ready_tier, self._ready = tier, None
+            try:
+                fd = tier.event_fd()
+                ready = select.poll()
+                ready.register(fd, select.POLLIN)
+                self._ready = ready
+            except (KvtierError, AttributeError, OSError, ValueError):
+                self._ready = None  # no fd: poll the library every time
+        ready = self._ready
+        # In a fork() child the fd is gone (the library closed it): the library answers.
+        return ready is None or os.getpid() != self._pid or bool(ready.poll(0))
 
     def submit(self, tier: Tier | None, kind: JobKind, job_id: int, keys: Iterable, slots: Iterable) -> None:
         """Moves ``keys[i]`` from or to slot ``slots[i]`` of the tier's registered memory."""
         job_id = int(job_id)
         keys = tuple(keys)
+        if tier is not None and keys and job_id not in self._jobs and self._submit_whole(tier, kind, job_id, keys, slots):
+            return
         if job_id in self._jobs:
             # Engines never reuse a pending id; a second result would confuse them.
             self._logger.error("job %d is already in flight; the duplicate submission is dropped", job_id)
@@ -249,6 +275,37 @@ class JobBook:
                 self._logger.warning("%s job %d rejected: %s", kind.name.lower(), job_id, refused)
         self._finish_if_done(job_id)
 
+    def _submit_whole(self, tier: Tier, kind: JobKind, job_id: int, keys: tuple, slots: Any) -> bool:
+        """The usual job, as one library job without a step per key: keys of one length
+        (checked at C speed), slots an integer array (vLLM's chunk ids) or sequence handed
+        to the binding as they are. False, having done nothing, for any other job (the
+        general path then takes it and reports what is wrong with it)."""
+        if len(set(map(len, keys))) != 1:
+            return False
+        try:
+            if len(slots) != len(keys):
+                return False
+        except TypeError:
+            return False
+        part_id = next(self._next_part_id)
+        self._parts[part_id] = (job_id, keys)
+        self._jobs[job_id] = pending = _PendingJob(kind, keys, parts=1)
+        try:
+            refused = submit_library_job(tier, kind, part_id, keys, blocks=slots)
+        except (TypeError, ValueError, OverflowError):  # never reached the library
+            del self._parts[part_id], self._jobs[job_id]
+            return False  # the general path converts what it can, and reports the rest
+        except Exception as exc:  # never reached the library: fail it here
+            del self._parts[part_id]
+            self._logger.warning("%s job %d failed at submission: %s", kind.name.lower(), job_id, exc)
+            pending.add(ok=False, done=(), nbytes=0, seconds=0.0)
+            self._finish_if_done(job_id)
+            return True
+        if refused is not None:
+            # Rejected by the library: its one failed result comes from the next poll.
+            self._logger.warning("%s job %d rejected: %s", kind.name.lower(), job_id, refused)
+        return True
+
     def _fail_at_submission(self, job_id: int, kind: JobKind, keys: tuple, why: str) -> None:
         self._logger.warning("job %d failed at submission: %s", job_id, why)
         self._finished.append(FinishedJob(job_id, kind, keys, False, set(), 0, 0.0))
@@ -261,7 +318,7 @@ class JobBook:
 
     def collect(self, tier: Tier | None) -> list[FinishedJob]:
         """Every job finished since the last call, each exactly once, in finishing order."""
-        if tier is not None:
+        if tier is not None and self._parts and self._results_may_wait(tier):
             try:
                 outcomes = tier.poll()
             except ForkedError:
@@ -275,12 +332,20 @@ class JobBook:
                 if pending is None:
                     self._logger.error("kvtier reported job %d, which this tier did not submit", outcome.job_id)
                     continue
-                if not outcome.ok:
+                if outcome.ok:
+                    pending.add(ok=True, done=part_keys, nbytes=outcome.bytes, seconds=outcome.seconds)
+                else:
                     self._logger.debug("%s job %d failed: %s", pending.kind.name.lower(), job_id, outcome.message)
-                pending.add(
-                    ok=outcome.ok, done=_keys_done(outcome, part_keys), nbytes=outcome.bytes, seconds=outcome.seconds
-                )
+                    done = _keys_done(outcome, list(part_keys))
+                    if (outcome.kind is JobKind.LOAD and self._on_failed_loads is not None
+                            and len(outcome.key_status) == len(part_keys)):
+                        # the keys the library itself marked MISS: those with a failed status
+                        self._on_failed_loads(
+                            [k for k, st in zip(part_keys, outcome.key_status) if st != Status.OK])
+                    pending.add(ok=False, done=done, nbytes=outcome.bytes, seconds=outcome.seconds)
                 self._finish_if_done(job_id)
+        if not self._finished:
+            return []
         finished, self._finished = self._finished, []
         return finished
 
@@ -302,3 +367,218 @@ class JobBook:
         self._jobs.clear()
         self._parts.clear()
         self._finished.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# Lookups answered on the engine's thread.
+
+_LIVE_MIRRORS: "weakref.WeakSet[LookupMirror]" = weakref.WeakSet()
+
+
+def _mirrors_after_fork_in_child() -> None:
+    # A fork() child holds its parent's tier: every lookup goes to the library (FORKED).
+    for mirror in list(_LIVE_MIRRORS):
+        mirror._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mirrors_after_fork_in_child)
+
+
+class LookupMirror:
+    """The tier's per-request lookups (``kvt_tier_lookup``), answered from a copy of the
+    library's lookup state kept here, so that a lookup is a dictionary lookup rather than a
+    call into the library; the library is told in batches (``kvt_tier_lookup_batch``).
+
+    The library's rules are kept, call for call: a key's verdict is shared by the requests
+    that asked for it and lives until the last of them finished; an unknown key answers
+    RETRY and is checked after the step's end; a failed load's failed keys turn MISS. What
+    the library knows and this copy knows are the same because every change of that state
+    goes through here:
+
+    * a request asking for a key (new to it) is queued, and the queue handed to the library
+      in one call before anything that reads or changes its lookup state: the step's end,
+      a request's end, a poll (where failed loads mark keys MISS), a refresh;
+    * verdicts come back from those calls; a key whose check is in flight is asked again
+      (one call for all of them) at its first lookup after the step's end, and whenever a
+      caller comes back to a key it already asked since the last refresh (a caller looping
+      without ending the step);
+    * a request's end drops the keys nobody holds any more, as the library does;
+    * a failed load's failed keys are MISS (``mark_miss``), told by :class:`JobBook`.
+
+    The first key of each length goes to the library on its own (``kvt_tier_lookup``): a
+    length the library refuses answers MISS at once, as before. Lookup failures answer MISS
+    (logged), as a refused ``kvt_tier_lookup`` did. Not thread-safe: engines look up from
+    one thread.
+    """
+
+    def __init__(self, tier: Tier, verdicts: Mapping[Any, Any], logger: logging.Logger):
+        self._tier = tier
+        self._logger = logger
+        #: kvtier's verdict -> the engine's
+        self._as_engine = dict(verdicts)
+        self._hit, self._miss = self._as_engine[LookupResult.HIT], self._as_engine[LookupResult.MISS]
+        self._retry = self._as_engine[LookupResult.RETRY]
+        self._holders: dict[bytes, set] = {}  # key -> request ids holding it in the library
+        self._verdicts: dict[bytes, Any] = {}  # key -> the engine's HIT or MISS (resolved)
+        self._in_flight: dict[bytes, int] = {}  # unresolved key -> a request id holding it
+        self._asked: set = set()  # unresolved keys asked since the last refresh
+        self._refresh_due = False  # the step ended: the first unresolved key asked refreshes
+        self._by_request: dict[int, list] = {}  # request id -> its keys
+        self._unsent: list[tuple[int, bytes]] = []  # (request id, key) the library has not seen
+        self._lengths: set[int] = set()  # key lengths the library took
+        self._forked = False
+        _LIVE_MIRRORS.add(self)
+
+    # -- the engine's calls ----------------------------------------------------------
+
+    def lookup(self, rid: int, key: bytes) -> Any:
+        holders = self._holders.get(key)
+        if holders is None:
+            if len(key) not in self._lengths or self._forked:
+                return self._lookup_in_library(rid, key)
+            self._holders[key] = {rid}
+            keys = self._by_request.get(rid)
+            if keys is None:
+                self._by_request[rid] = [key]
+            else:
+                keys.append(key)
+            self._unsent.append((rid, key))
+            return self._retry
+        if self._forked:
+            return self._lookup_in_library(rid, key)
+        if rid not in holders:
+            holders.add(rid)
+            keys = self._by_request.get(rid)
+            if keys is None:
+                self._by_request[rid] = [key]
+            else:
+                keys.append(key)
+            self._unsent.append((rid, key))
+        verdict = self._verdicts.get(key)
+        if verdict is not None:
+            return verdict
+        if key in self._in_flight:
+            if self._refresh_due or key in self._asked:
+                self._sync(refresh=True)
+                return self._verdicts.get(key, self._retry)
+            self._asked.add(key)
+        return self._retry
+
+    def schedule_end(self) -> None:
+        """Hands the step's new lookups to the library, then ends its step there."""
+        if self._unsent:
+            self._sync(refresh=False)
+        self._tier.schedule_end()
+        self._refresh_due = bool(self._in_flight)
+        self._asked.clear()
+
+    def request_finished(self, rid: int) -> None:
+        if self._unsent:
+            self._sync(refresh=False)
+        keys = self._by_request.pop(rid, None)
+        self._tier.request_finished(rid)
+        if not keys:
+            return
+        holders_of, verdicts, in_flight = self._holders, self._verdicts, self._in_flight
+        for key in keys:
+            holders = holders_of.get(key)
+            if holders is None:
+                continue
+            holders.discard(rid)
+            if holders:
+                if in_flight.get(key) == rid:
+                    in_flight[key] = next(iter(holders))
+                continue
+            # Nobody holds it: the library drops it (or drops a check in flight when its
+            # answer comes); either way a new request's lookup starts from RETRY.
+            del holders_of[key]
+            verdicts.pop(key, None)
+            in_flight.pop(key, None)
+            self._asked.discard(key)
+
+    def before_poll(self) -> None:
+        """Called before the tier's results are polled: the library marks failed loads'
+        keys MISS there, for the requests holding them then."""
+        if self._unsent:
+            self._sync(refresh=False)
+
+    def mark_miss(self, keys: Iterable[bytes]) -> None:
+        """A load's failed keys, which the library made MISS for everyone holding them."""
+        for key in keys:
+            if key in self._verdicts:
+                self._verdicts[key] = self._miss
+            # A key still in flight stays so: the next refresh reads the library's verdict.
+
+    def clear(self) -> None:
+        self._holders.clear()
+        self._verdicts.clear()
+        self._in_flight.clear()
+        self._asked.clear()
+        self._by_request.clear()
+        self._unsent.clear()
+        _LIVE_MIRRORS.discard(self)
+
+    # -- the library -----------------------------------------------------------------
+
+    def _lookup_in_library(self, rid: int, key: bytes) -> Any:
+        """One key asked of the library on its own (a new key length, or a fork child)."""
+        if self._unsent:
+            self._sync(refresh=False)
+        try:
+            verdict = self._tier.lookup(rid, key)
+        except KvtierError as exc:
+            self._logger.warning("kvtier lookup failed, answering MISS: %s", exc)
+            return self._miss
+        if self._forked:
+            return self._as_engine[verdict]
+        self._lengths.add(len(key))
+        self._track(rid, key)
+        return self._learn(rid, key, verdict)
+
+    def _track(self, rid: int, key: bytes) -> None:
+        holders = self._holders.setdefault(key, set())
+        if rid not in holders:
+            holders.add(rid)
+            self._by_request.setdefault(rid, []).append(key)
+
+    def _learn(self, rid: int, key: bytes, verdict: LookupResult) -> Any:
+        if verdict is LookupResult.RETRY:
+            self._in_flight.setdefault(key, rid)
+            return self._retry
+        answer = self._as_engine[verdict]
+        self._verdicts[key] = answer
+        self._in_flight.pop(key, None)
+        return answer
+
+    def _sync(self, refresh: bool) -> None:
+        """One library call per key length: the lookups it has not seen yet and, with
+        ``refresh``, every key whose verdict is not known here."""
+        pairs, self._unsent = self._unsent, []
+        if refresh:
+            pairs.extend((rid, key) for key, rid in self._in_flight.items())
+            self._refresh_due = False
+            self._asked.clear()
+        if not pairs:
+            return
+        by_length: dict[int, tuple[list, list]] = {}
+        for rid, key in pairs:
+            group = by_length.get(len(key))
+            if group is None:
+                group = by_length[len(key)] = ([], [])
+            group[0].append(rid)
+            group[1].append(key)
+        for rids, keys in by_length.values():
+            try:
+                verdicts = self._tier.lookup_batch(rids, keys)
+            except KvtierError as exc:
+                self._logger.warning("kvtier lookup failed, answering MISS: %s", exc)
+                for key in keys:
+                    if key in self._holders:
+                        self._verdicts[key] = self._miss
+                        self._in_flight.pop(key, None)
+                continue
+            learn = self._learn
+            for rid, key, verdict in zip(rids, keys, verdicts):
+                if key in self._holders:
+                    learn(rid, key, verdict)

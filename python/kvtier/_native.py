@@ -172,6 +172,11 @@ _PROTOTYPES = {
         c_status,
         [tier_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)],
     ),
+    "kvt_tier_lookup_batch": (
+        c_status,
+        [tier_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+         ctypes.POINTER(ctypes.c_int)],
+    ),
     "kvt_tier_schedule_end": (c_status, [tier_p]),
     "kvt_tier_request_finished": (c_status, [tier_p, ctypes.c_uint64]),
     "kvt_tier_check_now": (

@@ -122,6 +122,23 @@ def _lib() -> ctypes.CDLL:
     return _native.load()
 
 
+_new_object = object.__new__
+
+
+def _outcome(job_id, kind, status, nbytes, seconds, key_status, num_failed_keys, message) -> JobOutcome:
+    """A :class:`JobOutcome` built without the frozen dataclass's per-field
+    ``object.__setattr__`` (one per finished job, on the engine's thread)."""
+    outcome = _new_object(JobOutcome)
+    outcome.__dict__.update(
+        job_id=job_id, kind=kind, status=status, bytes=nbytes, seconds=seconds, key_status=key_status,
+        num_failed_keys=num_failed_keys, message=message,
+    )
+    return outcome
+
+
+_JOB_KINDS = {int(k): k for k in JobKind}
+
+
 def _config_text(config: Mapping[str, Any] | str) -> str:
     """A tier configuration as the library takes it: JSON text, or a mapping dumped to it."""
     return config if isinstance(config, str) else json.dumps(config)
@@ -364,6 +381,7 @@ def _after_fork_in_child() -> None:
         tier._poll_lock = threading.Lock()
         tier._poll_results = (_native.KvtResult * _BATCH)()
         tier._events_lock = threading.Lock()
+        tier._events_buffer = (_native.KvtKvEvent * _BATCH)()
 
 
 if hasattr(os, "register_at_fork"):
@@ -390,7 +408,9 @@ class Tier:
     def __init__(self, config: Mapping[str, Any] | str):
         lib = _lib()
         handle = ctypes.c_void_p()
-        _check(lib.kvt_tier_new(_config_text(config).encode(), ctypes.byref(handle)))
+        text = _config_text(config)
+        _check(lib.kvt_tier_new(text.encode(), ctypes.byref(handle)))
+        self._lib = lib  # its functions are looked up once, then found in its __dict__
         self._h = _Handle(handle.value)
         # Frees the handle of a tier dropped without close(), when it is collected or at
         # exit; close() detaches it.
@@ -400,6 +420,15 @@ class Tier:
         # next call.
         self._poll_results = (_native.KvtResult * _BATCH)()
         self._events_lock = threading.Lock()
+        self._events_buffer = (_native.KvtKvEvent * _BATCH)()
+        # Whether take_events may find something: set by what makes events (a successful
+        # store or a failed load polled, a delete, an eviction round), cleared when taken;
+        # a tier with background eviction may have events at any time.
+        self._events_hint = True
+        try:
+            self._evicts = bool((json.loads(text) if isinstance(config, str) else config).get("eviction"))
+        except (ValueError, AttributeError):  # pragma: no cover - the library took it
+            self._evicts = True
         self.num_blocks = 0
         self.block_bytes = 0
         _live_tiers.add(self)
@@ -616,9 +645,10 @@ class Tier:
 
     def poll(self) -> list[JobOutcome]:
         """Takes every finished job. Never blocks; each job is returned exactly once."""
-        lib = _lib()
+        lib = self._lib
         out: list[JobOutcome] = []
         statuses_of = STATUS_BY_CODE.get  # as_status, without a call per key
+        kinds = _JOB_KINDS
         with self._poll_lock, self._h as ptr:
             results = self._poll_results
             count = ctypes.c_size_t()
@@ -634,16 +664,14 @@ class Tier:
                     else:
                         statuses = tuple([statuses_of(s, s) for s in r.key_status[:n]])
                     status = r.status
+                    kind = kinds.get(r.kind) or JobKind(r.kind)
+                    if (kind is JobKind.STORE) == (status == 0):
+                        self._events_hint = True  # a successful store's event, or a corrupt block's
+                    message = r.message
                     out.append(
-                        JobOutcome(
-                            job_id=r.job_id,
-                            kind=JobKind(r.kind),
-                            status=statuses_of(status, status),
-                            bytes=r.bytes,
-                            seconds=r.seconds,
-                            key_status=statuses,
-                            num_failed_keys=r.num_failed_keys,
-                            message=r.message.decode("utf-8", "replace") if r.message else "",
+                        _outcome(
+                            r.job_id, kind, statuses_of(status, status), r.bytes, r.seconds, statuses,
+                            r.num_failed_keys, message.decode("utf-8", "replace") if message else "",
                         )
                     )
                 if count.value < _BATCH:
@@ -697,6 +725,23 @@ class Tier:
         except KeyError:
             return LookupResult(out.value)
 
+    def lookup_batch(self, req_ids: Sequence[int], keys: Sequence) -> list[LookupResult]:
+        """Many :meth:`lookup` calls in one: ``keys[i]`` for request ``req_ids[i]``, one
+        verdict each, in order, as asking them one after the other would answer. The keys
+        have one length. For engines that gather a step's lookups."""
+        buf, key_len, num_keys = _key_buffer(keys)
+        if not num_keys:
+            return []
+        if len(req_ids) != num_keys:
+            raise ValueError(f"{len(req_ids)} request ids for {num_keys} keys")
+        ids = (ctypes.c_uint64 * num_keys)(*map(operator.index, req_ids))
+        out = (ctypes.c_int * num_keys)()
+        with self._h as ptr:
+            status = self._lib.kvt_tier_lookup_batch(ptr, ids, buf, key_len, num_keys, out)
+        _check(status)
+        results = _LOOKUP_RESULTS
+        return [results.get(v) or LookupResult(v) for v in out]
+
     def schedule_end(self) -> None:
         """Sends the lookups asked since the last call as one deduplicated batch."""
         with self._h as ptr:
@@ -729,10 +774,11 @@ class Tier:
 
     def take_events(self) -> list[Event]:
         """Takes every BlockStored and BlockRemoved event recorded so far, oldest first."""
-        lib = _lib()
+        lib = self._lib
         out: list[Event] = []
         with self._events_lock, self._h as ptr:
-            events = (_native.KvtKvEvent * _BATCH)()
+            self._events_hint = False  # before taking: what comes meanwhile sets it again
+            events = self._events_buffer
             count = ctypes.c_size_t()
             while True:
                 _check(lib.kvt_tier_take_kv_events(ptr, events, _BATCH, ctypes.byref(count)))
@@ -751,6 +797,13 @@ class Tier:
                     )
                 if count.value < _BATCH:
                     return out
+
+    def events_pending(self) -> bool:
+        """False when :meth:`take_events` would certainly find nothing: no store succeeded
+        and no load failed in the results polled since it last ran, no block was deleted
+        through this tier, and the tier evicts nothing in the background. True otherwise
+        (events may wait). Costs no call into the library."""
+        return self._events_hint or self._evicts
 
     def evict_now(self) -> dict[str, int]:
         """Runs one eviction round now (the tier's ``eviction`` configuration; the
@@ -774,6 +827,7 @@ class Tier:
         are 0. Releases the GIL while it waits."""
         buf, key_len, num_keys = _key_buffer(keys)
         report = _native.KvtEvictionReport()
+        self._events_hint = True
         with self._h as ptr:
             _check(_lib().kvt_tier_delete(ptr, buf, key_len, num_keys, ctypes.byref(report)))
         return {name: getattr(report, name) for name, _ in report._fields_}
@@ -782,6 +836,7 @@ class Tier:
         """Runs ``fn`` (``kvt_tier_evict_now`` or ``kvt_tier_clear``) and returns its
         ``kvt_eviction_report`` as a dict."""
         report = _native.KvtEvictionReport()
+        self._events_hint = True
         with self._h as ptr:
             _check(fn(ptr, ctypes.byref(report)))
         return {name: getattr(report, name) for name, _ in report._fields_}
@@ -804,11 +859,25 @@ class Tier:
 
     def stats(self) -> dict[str, int]:
         """The tier's counters (keys/bytes stored and loaded, failures, existence checks)."""
+        return stats_dict(self.stats_raw())
+
+    def stats_raw(self) -> bytes:
+        """The tier's counters as ``kvt_stats``'s bytes: cheap to compare with an earlier
+        snapshot; :func:`stats_dict` makes them the dict of :meth:`stats`."""
         out = _native.KvtStats()
         with self._h as ptr:
-            status = _lib().kvt_tier_stats(ptr, ctypes.byref(out), ctypes.sizeof(out))
+            status = self._lib.kvt_tier_stats(ptr, out, _STATS_SIZE)
         _check(status)
-        return {name: getattr(out, name) for name in _native.STATS_FIELDS}
+        return bytes(out)
+
+
+_STATS_SIZE = ctypes.sizeof(_native.KvtStats)
+
+
+def stats_dict(raw: bytes) -> dict[str, int]:
+    """The counters of a :meth:`Tier.stats_raw` snapshot, by name."""
+    out = _native.KvtStats.from_buffer_copy(raw)
+    return {name: getattr(out, name) for name in _native.STATS_FIELDS}
 
 
 __all__ = [

@@ -246,6 +246,36 @@ def test_lookups_events_and_stats(tmp_path):
             tier.lookup(1, b"tiny")
 
 
+def test_lookup_batch_answers_as_lookups_one_by_one(tmp_path):
+    """``Tier.lookup_batch`` (kvt_tier_lookup_batch): the verdicts and the sharing of
+    ``lookup`` asked key after key, in one call; ``events_pending`` and ``stats_raw``."""
+    with Tier(local(tmp_path, enable_kv_events=True)) as tier:
+        tier.register_memory(np.zeros((4, 64), np.uint8))
+        stored, absent = make_key(1), make_key(2)
+        assert tier.lookup_batch([], []) == []
+        tier.submit_store(1, [0], [stored])
+        wait_results(tier, 1)
+        assert tier.events_pending() and len(tier.take_events()) == 1 and not tier.events_pending()
+        before = tier.stats_raw()
+        assert kvtier.tier.stats_dict(before) == tier.stats()
+        assert tier.lookup_batch([1, 1, 2], [stored, absent, stored]) == [LookupResult.RETRY] * 3
+        assert tier.stats()["existence_checks"] == 0  # nothing is checked before the step ends
+        tier.schedule_end()
+        deadline = time.monotonic() + 10
+        while LookupResult.RETRY in tier.lookup_batch([1, 1], [stored, absent]):  # answers raise no fd: poll
+            assert time.monotonic() < deadline
+            select.select([], [], [], 0.002)
+        assert tier.lookup_batch([2, 1], [stored, absent]) == [LookupResult.HIT, LookupResult.MISS]
+        assert tier.lookup(2, absent) is LookupResult.MISS  # 2 joined the shared verdict
+        assert tier.stats()["existence_checks"] == 2 and tier.stats_raw() != before
+        tier.request_finished(1)
+        assert tier.lookup_batch([2], [stored]) == [LookupResult.HIT]  # 2 still holds it
+        with pytest.raises(kvtier.InvalidArgumentError):
+            tier.lookup_batch([1], [b"tiny"])
+        with pytest.raises(ValueError):
+            tier.lookup_batch([1], [stored, absent])
+
+
 def test_delete_removes_named_blocks_with_removed_events(store):
     """``Tier.delete`` (kvt_tier_delete) on every store: the named blocks go (an absent one
     counts as gone), each a BlockRemoved event; their loads fail alone, the others load."""

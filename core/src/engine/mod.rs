@@ -378,6 +378,35 @@ impl Tier {
         Ok(lookups.table.lookup(request, key))
     }
 
+    /// Many lookups at once, as [`lookup`](Self::lookup) one after the other would answer
+    /// them: `keys[i]` for `requests[i]`, one verdict each, in order. The keys have one
+    /// length, checked once; the lookup state's lock is taken once.
+    pub fn lookup_batch(&self, requests: &[u64], keys: &[&[u8]]) -> Result<Vec<LookupResult>> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "lookup after shutdown"));
+        }
+        if requests.len() != keys.len() {
+            return Err(Error::invalid(format!(
+                "{} request ids for {} keys",
+                requests.len(),
+                keys.len()
+            )));
+        }
+        if let Some(first) = keys.first() {
+            self.check_key(first)?;
+            if keys.iter().any(|k| k.len() != first.len()) {
+                return Err(Error::invalid("the keys of one lookup batch have one length"));
+            }
+        }
+        let mut lookups = self.lookups();
+        lookups.apply_answers();
+        Ok(requests
+            .iter()
+            .zip(keys)
+            .map(|(&request, key)| lookups.table.lookup(request, key))
+            .collect())
+    }
+
     /// Sends the lookups asked since the last call as one batch to the lookup lane.
     pub fn schedule_end(&self) -> Result<()> {
         let groups = {

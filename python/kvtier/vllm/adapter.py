@@ -14,10 +14,11 @@ import logging
 import time
 from typing import Any, Mapping
 
-from .._engine_adapter import CounterGrowth, FinishedJob, JobBook, closed_on_failure
+from .._engine_adapter import CounterGrowth, FinishedJob, JobBook, LookupMirror, closed_on_failure
 from ..errors import ConfigError, ForkedError, KvtierError, TimedOutError
 from ..tier import JobKind, Tier
 from ..tier import LookupResult as _KvtLookup
+from ..tier import stats_dict
 from ..tier import version as kvtier_version
 from . import metrics
 from ._shims import (
@@ -112,10 +113,12 @@ class KvtierTier(SecondaryTierBase):
         self._tier: Tier | None = None
         self._closed = False
         # vLLM's jobs in flight, and the library jobs (one per key length) each consists of.
-        self._jobs = JobBook(logger)
+        self._jobs = JobBook(logger, on_failed_loads=self._mark_miss)
+        self._lookups: LookupMirror | None = None
         self._req_ids: dict[Any, int] = {}
         self._next_req_id = itertools.count(1)
         self._counters = CounterGrowth(metrics.stat_help())
+        self._stats_seen: bytes | None = None  # kvt_stats's bytes at the last report
 
         if not isinstance(prefix, str):
             raise TypeError("prefix must be a string")
@@ -173,6 +176,7 @@ class KvtierTier(SecondaryTierBase):
             }
             tier.register_memory(view)
         self._tier = tier
+        self._lookups = LookupMirror(tier, _VERDICTS, logger)
         self.row_bytes = self._tier.block_bytes
         self.num_slots = self._tier.num_blocks
         logger.info(
@@ -193,33 +197,39 @@ class KvtierTier(SecondaryTierBase):
         return rid
 
     def lookup(self, key: bytes, req_context: Any):
-        """HIT, MISS, or RETRY until the check sent at the next ``on_schedule_end`` answers."""
-        if self._tier is None:
+        """HIT, MISS, or RETRY until the check sent at the next ``on_schedule_end`` answers.
+
+        Answered here, from the verdicts the tier handed back (kvtier's rules, see
+        :class:`~kvtier._engine_adapter.LookupMirror`): no call into the library per key."""
+        lookups = self._lookups
+        if lookups is None:
             return LookupResult.MISS
-        try:
-            verdict = self._tier.lookup(self._req_id(req_context), key)
-        except KvtierError as exc:
-            logger.warning("kvtier lookup failed, answering MISS: %s", exc)
-            verdict = _KvtLookup.MISS
-        return _VERDICTS[verdict]
+        rid = self._req_ids.get(getattr(req_context, "req_id", req_context))
+        if rid is None:
+            rid = self._req_id(req_context)
+        return lookups.lookup(rid, key if type(key) is bytes else bytes(key))
+
+    def _mark_miss(self, keys: list) -> None:
+        if self._lookups is not None:
+            self._lookups.mark_miss(keys)
 
     def on_new_request(self, req_context: Any):
         return RequestOffloadingContext()
 
     def on_schedule_end(self, context: Any = None) -> None:
         """Sends this step's new lookups as one deduplicated batch of existence checks."""
-        if self._tier is not None:
+        if self._lookups is not None:
             try:
-                self._tier.schedule_end()
+                self._lookups.schedule_end()
             except KvtierError as exc:
                 logger.warning("kvtier schedule_end failed: %s", exc)
 
     def on_request_finished(self, req_context: Any) -> None:
         """Drops the verdicts only this request held."""
         rid = self._req_ids.pop(getattr(req_context, "req_id", req_context), None)
-        if rid is not None and self._tier is not None:
+        if rid is not None and self._lookups is not None:
             try:
-                self._tier.request_finished(rid)
+                self._lookups.request_finished(rid)
             except KvtierError as exc:
                 logger.warning("kvtier request_finished failed: %s", exc)
 
@@ -246,8 +256,12 @@ class KvtierTier(SecondaryTierBase):
         self._jobs.submit(self._tier, kind, job.job_id, job.keys, getattr(job, "chunk_ids", None))
 
     def get_finished_jobs(self) -> list:
-        """Every job finished since the last call, each exactly once."""
-        return [_job_result(job) for job in self._jobs.collect(self._tier)]
+        """Every job finished since the last call, each exactly once. With jobs in flight
+        and none finished (the tier's event fd not readable), no call into the library."""
+        if self._lookups is not None and self._jobs.has_pending():
+            self._lookups.before_poll()
+        finished = self._jobs.collect(self._tier)
+        return [_job_result(job) for job in finished] if finished else []
 
     def has_pending_work(self) -> bool:
         """True while a submitted job has not been returned by ``get_finished_jobs``."""
@@ -257,7 +271,7 @@ class KvtierTier(SecondaryTierBase):
         """KV events, oldest first (empty when disabled): BlockStored for successful store
         jobs, and BlockRemoved (``removed=True``) for keys kvtier deleted (eviction, or a
         corrupt object deleted under ``on_corrupt = fail_and_delete``)."""
-        if self._tier is None or not self.events_enabled:
+        if self._tier is None or not self.events_enabled or not self._tier.events_pending():
             return []
         try:
             events = self._tier.take_events()
@@ -300,6 +314,9 @@ class KvtierTier(SecondaryTierBase):
             return
         self._closed = True
         tier, self._tier = self._tier, None
+        lookups, self._lookups = self._lookups, None
+        if lookups is not None:
+            lookups.clear()
         self._jobs.clear()
         self._req_ids.clear()
         if tier is not None:
@@ -319,10 +336,16 @@ class KvtierTier(SecondaryTierBase):
         if self._tier is None:
             return None
         try:
-            grown = self._counters.since_last(self._tier.stats())
-            in_flight = self._tier.jobs_in_flight()
+            raw = self._tier.stats_raw()
+            # No job of this tier's unpolled: none is in flight in the library either.
+            in_flight = self._tier.jobs_in_flight() if self._jobs.has_pending() else 0
         except ForkedError:  # a fork() child: the counters are the parent's
             return None
+        if raw == self._stats_seen:
+            grown = {}  # nothing grew: the counters are not read one by one
+        else:
+            grown = self._counters.since_last(stats_dict(raw))
+            self._stats_seen = raw
         return metrics.connector_stats(grown, in_flight, self.tier_type)
 
     @classmethod
