@@ -351,6 +351,13 @@ void test_lookups_events_stats(const kvtier::Api &api)
     }
     CHECK(hit == KVT_LOOKUP_RESULT_HIT);
     CHECK(miss == KVT_LOOKUP_RESULT_MISS);
+    // The same verdicts asked in one batch; a batch whose ids and keys disagree is refused.
+    const std::uint64_t reqs[] = {7, 7};
+    const auto both = tier.lookup_batch(reqs, kvtier::Span<std::uint8_t>(keys.data() + KVT_DEFAULT_KEY_BYTES,
+                                                                          2 * KVT_DEFAULT_KEY_BYTES));
+    CHECK(both.size() == 2 && both[0] == KVT_LOOKUP_RESULT_HIT && both[1] == KVT_LOOKUP_RESULT_MISS);
+    expect_error(KVT_STATUS_INVALID_ARGUMENT, [&] { tier.lookup_batch(reqs, stored_key); },
+                 "lookup_batch with fewer keys than request ids", false);
     tier.request_finished(7);
     tier.request_finished(12345); // unknown: ignored
 

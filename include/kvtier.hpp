@@ -141,6 +141,7 @@ struct Api {
     decltype(&::kvt_config_check) config_check = nullptr;
     decltype(&::kvt_tier_location) tier_location = nullptr;
     decltype(&::kvt_tier_lookup) tier_lookup = nullptr;
+    decltype(&::kvt_tier_lookup_batch) tier_lookup_batch = nullptr;
     decltype(&::kvt_tier_schedule_end) tier_schedule_end = nullptr;
     decltype(&::kvt_tier_request_finished) tier_request_finished = nullptr;
     decltype(&::kvt_tier_check_now) tier_check_now = nullptr;
@@ -168,7 +169,7 @@ struct Api {
         return version && status_str && tier_new && tier_register_memory && tier_submit_store &&
                tier_submit_load && tier_poll && tier_event_fd && tier_jobs_in_flight && tier_drain &&
                tier_shutdown && tier_free && last_error && config_schema && stats_fields && config_check &&
-               tier_location && tier_lookup && tier_schedule_end && tier_request_finished && tier_check_now && tier_take_events &&
+               tier_location && tier_lookup && tier_lookup_batch && tier_schedule_end && tier_request_finished && tier_check_now && tier_take_events &&
                tier_take_kv_events && tier_evict_now && tier_clear && tier_delete && tier_pin && tier_unpin && tier_stats && tier_metrics && set_log_callback &&
                vllm_namespace && tier_add_region && tier_remove_region && tier_submit_store_ranges &&
                tier_submit_load_ranges;
@@ -198,6 +199,7 @@ struct Api {
             a.config_check = &::kvt_config_check;
             a.tier_location = &::kvt_tier_location;
             a.tier_lookup = &::kvt_tier_lookup;
+            a.tier_lookup_batch = &::kvt_tier_lookup_batch;
             a.tier_schedule_end = &::kvt_tier_schedule_end;
             a.tier_request_finished = &::kvt_tier_request_finished;
             a.tier_check_now = &::kvt_tier_check_now;
@@ -265,6 +267,7 @@ struct Api {
         resolve(handle, "kvt_config_check", a.config_check);
         resolve(handle, "kvt_tier_location", a.tier_location);
         resolve(handle, "kvt_tier_lookup", a.tier_lookup);
+        resolve(handle, "kvt_tier_lookup_batch", a.tier_lookup_batch);
         resolve(handle, "kvt_tier_schedule_end", a.tier_schedule_end);
         resolve(handle, "kvt_tier_request_finished", a.tier_request_finished);
         resolve(handle, "kvt_tier_check_now", a.tier_check_now);
@@ -620,6 +623,25 @@ public:
     {
         kvt_lookup_result r = KVT_LOOKUP_RESULT_MISS;
         check(api_, api_.tier_lookup(tier_, req_id, key.data(), key.size(), &r), "kvt_tier_lookup");
+        return r;
+    }
+
+    // Answers keys.size() / key_len lookups at once (kvt_tier_lookup_batch), as lookup()
+    // for each in turn: key i for request req_ids[i]. Throws Error
+    // (KVT_STATUS_INVALID_ARGUMENT when `keys` is not req_ids.size() keys of key_len bytes).
+    std::vector<kvt_lookup_result> lookup_batch(Span<std::uint64_t> req_ids, Span<std::uint8_t> keys,
+                                                std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
+    {
+        const std::size_t n = whole_keys("kvt_tier_lookup_batch", keys, key_len);
+        if (n != req_ids.size()) {
+            throw Error(KVT_STATUS_INVALID_ARGUMENT,
+                        "kvt_tier_lookup_batch: " + std::to_string(req_ids.size()) + " request ids for " +
+                            std::to_string(n) + " keys",
+                        false);
+        }
+        std::vector<kvt_lookup_result> r(n, KVT_LOOKUP_RESULT_MISS);
+        check(api_, api_.tier_lookup_batch(tier_, req_ids.data(), keys.data(), key_len, n, r.data()),
+              "kvt_tier_lookup_batch");
         return r;
     }
 

@@ -45,6 +45,10 @@ static int forked_child(const fixture *f, const uint8_t *keys)
     CHILD_EXPECT(n, 0);
     CHILD_EXPECT(kvt_tier_drain(f->tier, 1000), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_lookup(f->tier, 1, keys, KEY_LEN, &verdict), KVT_STATUS_FORKED);
+    {
+        const uint64_t req = 1;
+        CHILD_EXPECT(kvt_tier_lookup_batch(f->tier, &req, keys, KEY_LEN, 1, &verdict), KVT_STATUS_FORKED);
+    }
     CHILD_EXPECT(kvt_tier_schedule_end(f->tier), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_request_finished(f->tier, 1), KVT_STATUS_FORKED);
     CHILD_EXPECT(kvt_tier_check_now(f->tier, keys, KEY_LEN, 1, 1000, &verdict), KVT_STATUS_FORKED);

@@ -73,6 +73,33 @@ void test_lookups_and_events(void)
     }
     CHECKF(hit == KVT_LOOKUP_RESULT_HIT, "stored key: %d", (int)hit);
     CHECKF(miss == KVT_LOOKUP_RESULT_MISS, "absent key: %d", (int)miss);
+    /* The same verdicts in one batch call; nothing written on error. */
+    {
+        const uint64_t reqs[2] = {7, 7};
+        kvt_lookup_result both[2] = {KVT_LOOKUP_RESULT_RETRY, KVT_LOOKUP_RESULT_RETRY};
+        kvt_lookup_result untouched[2] = {KVT_LOOKUP_RESULT_RETRY, KVT_LOOKUP_RESULT_RETRY};
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, reqs, keys + KEY_LEN, KEY_LEN, 2, both), KVT_STATUS_OK);
+        CHECKF(both[0] == KVT_LOOKUP_RESULT_HIT && both[1] == KVT_LOOKUP_RESULT_MISS,
+               "lookup_batch verdicts %d %d, want HIT MISS", (int)both[0], (int)both[1]);
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, NULL, keys, KEY_LEN, 2, untouched), KVT_STATUS_NULL_ARGUMENT);
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, reqs, NULL, KEY_LEN, 2, untouched), KVT_STATUS_NULL_ARGUMENT);
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, reqs, keys, KEY_LEN, 2, NULL), KVT_STATUS_NULL_ARGUMENT);
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, reqs, keys, KEY_LEN - 1, 2, untouched), KVT_STATUS_INVALID_ARGUMENT);
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, reqs, keys, KEY_LEN, SIZE_MAX, untouched),
+                     KVT_STATUS_INVALID_ARGUMENT);
+        CHECK(untouched[0] == KVT_LOOKUP_RESULT_RETRY && untouched[1] == KVT_LOOKUP_RESULT_RETRY);
+        CHECK_STATUS(kvt_tier_lookup_batch(f.tier, NULL, NULL, KEY_LEN, 0, NULL), KVT_STATUS_OK);
+        CHECK_STATUS(kvt_tier_lookup_batch(NULL, reqs, keys, KEY_LEN, 1, both), KVT_STATUS_NULL_ARGUMENT);
+    }
+    /* Pins: argument checks (their effect on eviction is tested in Rust and C++). */
+    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_unpin(f.tier, keys, KEY_LEN, 3), KVT_STATUS_OK); /* one never pinned */
+    CHECK_STATUS(kvt_tier_pin(f.tier, NULL, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_pin(f.tier, NULL, KEY_LEN, 0), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN - 1, 1), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, SIZE_MAX), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_unpin(f.tier, keys, SIZE_MAX, 1), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_unpin(NULL, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
     CHECK_STATUS(kvt_tier_request_finished(f.tier, 7), KVT_STATUS_OK);
     CHECK_STATUS(kvt_tier_request_finished(f.tier, 12345), KVT_STATUS_OK); /* unknown: ignored */
 
