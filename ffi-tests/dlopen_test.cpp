@@ -443,7 +443,7 @@ void test_eviction(const kvtier::Api &api)
     CHECK(again.objects == 2 && again.deleted == 0);
 
     // Pinned blocks stay through a round over budget; unpinned, they go.
-    tier.pin(keys);
+    CHECK(tier.pin(keys) == std::vector<bool>(4, true));
     store_and_wait(tier, 2, {0, 1, 2, 3}, keys);
     const kvtier::EvictionReport pinned = tier.evict_now();
     CHECK(pinned.objects == 4 && pinned.deleted == 0);

@@ -764,19 +764,26 @@ enum kvt_status kvt_tier_delete(struct kvt_tier *tier,
 // requests) do not honour it. A pinned block deleted by any of them loads as
 // KVT_STATUS_NOT_FOUND, never as other bytes. For LMCache's "lookup and lock".
 //
+// `out_held` (NULL, or `num_keys` bytes) receives for each key 1 when the pin holds it,
+// 0 when this tier's eviction was deleting that block at that moment (it is pinned all
+// the same; unpin it as the others). So pin first, then ask the store whether the keys
+// are there (kvt_tier_check_now): a key found present whose pin holds stays until
+// unpinned, as far as this tier's eviction goes.
+//
 // `num_keys == 0` is OK. NULL `tier`, or NULL `keys` with `num_keys > 0`, is
 // KVT_STATUS_NULL_ARGUMENT; a wrong `key_len` (outside 5..68, or not the configured
 // `key_bytes`) or `num_keys` above KVT_MAX_KEYS_PER_JOB is KVT_STATUS_INVALID_ARGUMENT
-// and nothing is pinned; after shutdown KVT_STATUS_SHUT_DOWN. Does not block.
-// Thread-safe.
+// and nothing is pinned; after shutdown KVT_STATUS_SHUT_DOWN. `out_held` is written only
+// on success. Does not block. Thread-safe.
 enum kvt_status kvt_tier_pin(struct kvt_tier *tier,
                              const uint8_t *keys,
                              size_t key_len,
-                             size_t num_keys);
+                             size_t num_keys,
+                             uint8_t *out_held);
 
 // Takes one pin from each of `num_keys` keys (`key_len` bytes each, back to back in
 // `keys`); a key not pinned is left alone. Arguments and errors as for kvt_tier_pin
-// (nothing is unpinned on error). Does not block. Thread-safe.
+// (nothing is unpinned on error), without `out_held`. Does not block. Thread-safe.
 enum kvt_status kvt_tier_unpin(struct kvt_tier *tier,
                                const uint8_t *keys,
                                size_t key_len,

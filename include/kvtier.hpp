@@ -749,12 +749,16 @@ public:
     }
 
     // Pins the blocks of keys.size() / key_len keys (kvt_tier_pin): this tier's own
-    // eviction keeps them until unpin() (pins count). Holds against this tier alone; see
-    // the C header. Does not block. Thread-safe. Throws Error as delete_keys does.
-    void pin(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
+    // eviction keeps them until unpin() (pins count). Returns for each key whether the pin
+    // holds it (false: this tier's eviction was deleting it at that moment). Holds against
+    // this tier alone; see the C header. Does not block. Thread-safe. Throws Error as
+    // delete_keys does.
+    std::vector<bool> pin(Span<std::uint8_t> keys, std::size_t key_len = KVT_DEFAULT_KEY_BYTES)
     {
         const std::size_t n = whole_keys("kvt_tier_pin", keys, key_len);
-        check(api_, api_.tier_pin(tier_, keys.data(), key_len, n), "kvt_tier_pin");
+        std::vector<std::uint8_t> held(n, 0);
+        check(api_, api_.tier_pin(tier_, keys.data(), key_len, n, held.data()), "kvt_tier_pin");
+        return std::vector<bool>(held.begin(), held.end());
     }
 
     // Takes one pin from each key (kvt_tier_unpin); a key not pinned is left alone.

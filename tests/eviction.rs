@@ -224,7 +224,7 @@ fn pinned_blocks_stay_through_eviction_and_count_towards_the_budget() {
     // Blocks 0..8, oldest first; the three oldest are pinned (one of them twice).
     store_all(&tier, 0, 8);
     let pinned = [key(0), key(1), key(2)];
-    tier.pin_keys(&pinned).unwrap();
+    assert_eq!(tier.pin_keys(&pinned).unwrap(), [true; 3]);
     tier.pin_keys(&[key(0)]).unwrap();
     assert_eq!(tier.pinned_keys(), 3);
 

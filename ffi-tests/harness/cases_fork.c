@@ -56,7 +56,7 @@ static int forked_child(const fixture *f, const uint8_t *keys)
         kvt_eviction_report report;
         CHILD_EXPECT(kvt_tier_clear(f->tier, &report), KVT_STATUS_FORKED);
         CHILD_EXPECT(kvt_tier_delete(f->tier, keys, KEY_LEN, 1, &report), KVT_STATUS_FORKED);
-        CHILD_EXPECT(kvt_tier_pin(f->tier, keys, KEY_LEN, 1), KVT_STATUS_FORKED);
+        CHILD_EXPECT(kvt_tier_pin(f->tier, keys, KEY_LEN, 1, NULL), KVT_STATUS_FORKED);
         CHILD_EXPECT(kvt_tier_unpin(f->tier, keys, KEY_LEN, 1), KVT_STATUS_FORKED);
     }
     CHILD_EXPECT(kvt_tier_stats(f->tier, &stats, sizeof stats), KVT_STATUS_FORKED);

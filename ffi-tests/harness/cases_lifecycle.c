@@ -146,7 +146,7 @@ void test_after_shutdown(void)
             CHECK_STATUS(kvt_tier_lookup_batch(f.tier, &req, keys, KEY_LEN, 1, &verdict), KVT_STATUS_SHUT_DOWN);
             CHECK(verdict == KVT_LOOKUP_RESULT_HIT);
         }
-        CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, 1), KVT_STATUS_SHUT_DOWN);
+        CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, 1, NULL), KVT_STATUS_SHUT_DOWN);
         CHECK_STATUS(kvt_tier_unpin(f.tier, keys, KEY_LEN, 1), KVT_STATUS_SHUT_DOWN);
         CHECK_STATUS(kvt_tier_stats(f.tier, &stats, sizeof stats), KVT_STATUS_OK);
         CHECK_STATUS(kvt_tier_take_events(f.tier, events, 2, &ne), KVT_STATUS_OK);

@@ -92,12 +92,16 @@ void test_lookups_and_events(void)
         CHECK_STATUS(kvt_tier_lookup_batch(NULL, reqs, keys, KEY_LEN, 1, both), KVT_STATUS_NULL_ARGUMENT);
     }
     /* Pins: argument checks (their effect on eviction is tested in Rust and C++). */
-    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, 2), KVT_STATUS_OK);
+    {
+        uint8_t held[2] = {7, 7};
+        CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, 2, held), KVT_STATUS_OK);
+        CHECK(held[0] == 1 && held[1] == 1);
+    }
     CHECK_STATUS(kvt_tier_unpin(f.tier, keys, KEY_LEN, 3), KVT_STATUS_OK); /* one never pinned */
-    CHECK_STATUS(kvt_tier_pin(f.tier, NULL, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
-    CHECK_STATUS(kvt_tier_pin(f.tier, NULL, KEY_LEN, 0), KVT_STATUS_OK);
-    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN - 1, 1), KVT_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, SIZE_MAX), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_pin(f.tier, NULL, KEY_LEN, 1, NULL), KVT_STATUS_NULL_ARGUMENT);
+    CHECK_STATUS(kvt_tier_pin(f.tier, NULL, KEY_LEN, 0, NULL), KVT_STATUS_OK);
+    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN - 1, 1, NULL), KVT_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kvt_tier_pin(f.tier, keys, KEY_LEN, SIZE_MAX, NULL), KVT_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(kvt_tier_unpin(f.tier, keys, SIZE_MAX, 1), KVT_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(kvt_tier_unpin(NULL, keys, KEY_LEN, 1), KVT_STATUS_NULL_ARGUMENT);
     CHECK_STATUS(kvt_tier_request_finished(f.tier, 7), KVT_STATUS_OK);

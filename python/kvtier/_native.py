@@ -202,6 +202,11 @@ _PROTOTYPES = {
         c_status,
         [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(KvtEvictionReport)],
     ),
+    "kvt_tier_pin": (
+        c_status,
+        [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint8)],
+    ),
+    "kvt_tier_unpin": (c_status, [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t]),
     "kvt_tier_metrics": (c_status, [tier_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "kvt_set_log_callback": (c_status, [LOG_CALLBACK, ctypes.c_void_p, ctypes.c_int]),
 }

@@ -832,6 +832,31 @@ class Tier:
             _check(_lib().kvt_tier_delete(ptr, buf, key_len, num_keys, ctypes.byref(report)))
         return {name: getattr(report, name) for name, _ in report._fields_}
 
+    def pin(self, keys: Sequence) -> list[bool]:
+        """Pins the blocks of ``keys`` (``kvt_tier_pin``): this tier's own eviction keeps
+        them until :meth:`unpin`, though they count towards its byte budget. Pins count (a
+        key pinned twice needs two unpins). Returns for each key whether the pin holds it:
+        False for a block this tier's eviction was deleting at that moment (pinned all the
+        same). Pin, then ask the store (:meth:`check_now`): a key found present and held
+        stays. A pin holds against this tier alone: other tiers, ``kvtier gc``,
+        :meth:`clear` and :meth:`delete` do not honour it."""
+        buf, key_len, num_keys = _key_buffer(keys)
+        if not num_keys:
+            return []
+        held = (ctypes.c_uint8 * num_keys)()
+        with self._h as ptr:
+            _check(_lib().kvt_tier_pin(ptr, buf, key_len, num_keys, held))
+        return [bool(h) for h in held]
+
+    def unpin(self, keys: Sequence) -> None:
+        """Takes one pin from each of ``keys`` (``kvt_tier_unpin``); keys not pinned are
+        left alone."""
+        buf, key_len, num_keys = _key_buffer(keys)
+        if not num_keys:
+            return
+        with self._h as ptr:
+            _check(_lib().kvt_tier_unpin(ptr, buf, key_len, num_keys))
+
     def _eviction_report(self, fn) -> dict[str, int]:
         """Runs ``fn`` (``kvt_tier_evict_now`` or ``kvt_tier_clear``) and returns its
         ``kvt_eviction_report`` as a dict."""

@@ -324,9 +324,48 @@ def _fields(key: ObjectKey) -> dict:
             "object_group_id": key.object_group_id, "cache_salt": key.cache_salt}
 
 
+def test_a_locked_key_stays_through_the_tiers_own_eviction_until_unlocked(lm_store, servers):
+    """A key LMCache looked up and locked is pinned in the tier: eviction over the budget
+    deletes the unlocked objects (the locked ones still count), and the locked ones load
+    byte-identical; once unlocked, they are evicted like any other."""
+    budget = {"max_bytes": OBJECT_BYTES, "interval_ms": 3_600_000}  # rounds run on request
+    server = servers(params_for(lm_store, eviction=budget))
+    adapter = server.adapter
+    keys = chunk_keys(3, "pinned")
+    contents = contents_of(keys)
+    for key in keys:
+        server.push({key: contents[key]})
+    locked = keys[:2]
+    lookup = adapter.submit_lookup_and_lock_task(locked, {0: LAYOUT})
+    assert adapter.wait_finished(lambda c: c["lookups"] >= 1, WAIT_S)
+    found = adapter.query_lookup_and_lock_result(lookup)
+    assert [found.test(0), found.test(1)] == [True, True]
+
+    report = adapter.tier.evict_now()
+    assert (report["objects"], report["deleted"]) == (3, 1), report
+    present = lambda: [v.name for v in adapter.tier.check_now([object_key(**_fields(k)) for k in keys], WAIT_S)]  # noqa: E731
+    assert present() == ["HIT", "HIT", "MISS"]
+    reserved = server.manager.reserve_write(locked, LAYOUT)
+    task = adapter.submit_load_task(locked, [reserved[k] for k in locked])
+    assert adapter.wait_finished(lambda c: c["loads"] >= 1, WAIT_S)
+    loaded = adapter.query_load_result(task)
+    assert [loaded.test(0), loaded.test(1)] == [True, True]
+    for key in locked:
+        assert reserved[key].tensor.view(torch.uint8).reshape(-1).numpy().tobytes() == contents[key].tobytes()
+    server.manager.delete_l1_keys(locked, force=True)
+
+    # Unlocked, they are evicted like any other: the older one goes (which one is older is
+    # the store's call: modification times may tie within a second).
+    adapter.submit_unlock(locked)
+    report = adapter.tier.evict_now()
+    assert report["deleted"] == 1, report
+    assert sorted(present()) == ["HIT", "MISS", "MISS"] and present()[2] == "MISS"
+
+
 def test_a_locked_key_deleted_since_fails_its_load_alone(local_only, servers):
-    """"Locked" promises presence at lookup only: an object deleted afterwards (kvtier gc,
-    another server's eviction) fails its key, never with another object's bytes."""
+    """A lock holds against this tier's own eviction alone: an object deleted afterwards by
+    anyone else (kvtier gc, another server's eviction) fails its key, never with another
+    object's bytes."""
     writer = servers(params_for(local_only))
     keys = chunk_keys(2, "locked")
     contents = contents_of(keys)

@@ -172,7 +172,22 @@ pub(crate) async fn round(
     let doomed = &blocks[..chosen];
     let mut removed = Vec::new();
     for block in doomed {
-        match store.delete(&object_path(&block.name)).await {
+        // Pinned since the listing: it stays. Otherwise a pin taken while it is deleted
+        // does not hold it (the host learns so from the pin).
+        let own_key = match reach {
+            Reach::Namespace => shared.layout.key_of(&block.name),
+            Reach::Below => None,
+        };
+        if let Some(key) = &own_key {
+            if !shared.pins.start_delete(key) {
+                continue;
+            }
+        }
+        let outcome = store.delete(&object_path(&block.name)).await;
+        if let Some(key) = &own_key {
+            shared.pins.deleted(key);
+        }
+        match outcome {
             Ok(()) => {}
             // Deleted by someone else meanwhile (another tier, `kvtier gc`): gone either way.
             Err(e) if e.status == Status::NotFound => {}

@@ -395,7 +395,9 @@ impl Tier {
         if let Some(first) = keys.first() {
             self.check_key(first)?;
             if keys.iter().any(|k| k.len() != first.len()) {
-                return Err(Error::invalid("the keys of one lookup batch have one length"));
+                return Err(Error::invalid(
+                    "the keys of one lookup batch have one length",
+                ));
             }
         }
         let mut lookups = self.lookups();

@@ -8,40 +8,53 @@
 
 use std::sync::Mutex;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::Tier;
 use crate::error::{Error, Result, Status};
 
-/// Pinned keys and how many pins each holds.
+/// Pinned keys and how many pins each holds, and the keys this tier's eviction is deleting
+/// now; one lock for both, so that a key is never both pinned and being deleted unseen.
 #[derive(Default)]
 pub(crate) struct Pins {
-    counts: Mutex<FxHashMap<Vec<u8>, u64>>,
+    state: Mutex<PinState>,
+}
+
+#[derive(Default)]
+struct PinState {
+    counts: FxHashMap<Vec<u8>, u64>,
+    deleting: FxHashSet<Vec<u8>>,
 }
 
 impl Pins {
-    fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<Vec<u8>, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PinState> {
         // A panic while holding it left nothing half-done (each change is one map call).
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn pin(&self, keys: &[&[u8]]) {
-        let mut counts = self.lock();
-        for key in keys {
-            *counts.entry(key.to_vec()).or_insert(0) += 1;
-        }
+    /// Pins each key; returns for each whether the pin holds it, which is false only for
+    /// a key this tier's eviction is deleting at this moment (pinned all the same, so
+    /// that unpinning stays symmetric).
+    fn pin(&self, keys: &[&[u8]]) -> Vec<bool> {
+        let mut state = self.lock();
+        keys.iter()
+            .map(|key| {
+                *state.counts.entry(key.to_vec()).or_insert(0) += 1;
+                !state.deleting.contains(*key)
+            })
+            .collect()
     }
 
     /// Takes one pin from each key; a key not pinned is left alone. Returns how many keys
     /// were not pinned.
     fn unpin(&self, keys: &[&[u8]]) -> usize {
-        let mut counts = self.lock();
+        let mut state = self.lock();
         let mut unknown = 0;
         for key in keys {
-            match counts.get_mut(*key) {
+            match state.counts.get_mut(*key) {
                 Some(n) if *n > 1 => *n -= 1,
                 Some(_) => {
-                    counts.remove(*key);
+                    state.counts.remove(*key);
                 }
                 None => unknown += 1,
             }
@@ -51,12 +64,27 @@ impl Pins {
 
     /// Whether eviction must keep `key`.
     pub(crate) fn holds(&self, key: &[u8]) -> bool {
-        let counts = self.lock();
-        !counts.is_empty() && counts.contains_key(key)
+        let state = self.lock();
+        !state.counts.is_empty() && state.counts.contains_key(key)
+    }
+
+    /// Eviction is about to delete `key`: false (keep it) when it is pinned; else it is
+    /// marked as being deleted until [`Pins::deleted`].
+    pub(crate) fn start_delete(&self, key: &[u8]) -> bool {
+        let mut state = self.lock();
+        if state.counts.contains_key(key) {
+            return false;
+        }
+        state.deleting.insert(key.to_vec());
+        true
+    }
+
+    pub(crate) fn deleted(&self, key: &[u8]) {
+        self.lock().deleting.remove(key);
     }
 
     pub(crate) fn count(&self) -> usize {
-        self.lock().len()
+        self.lock().counts.len()
     }
 }
 
@@ -65,10 +93,13 @@ impl Tier {
     /// this tier's eviction keeps their blocks until they are unpinned, though a pinned
     /// block still counts towards the byte budget. Nothing is asked of the store: pinning
     /// an absent key is allowed. See the module doc for what a pin does not hold against.
-    pub fn pin_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
+    ///
+    /// Returns for each key whether the pin holds it: false for a key this tier's eviction
+    /// is deleting at that moment (a host then treats it as absent). Pin before asking the
+    /// store whether a key is there, and a key found present and held stays.
+    pub fn pin_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<bool>> {
         let keys = self.checked_pin_keys(keys)?;
-        self.shared.pins.pin(&keys);
-        Ok(())
+        Ok(self.shared.pins.pin(&keys))
     }
 
     /// Takes one pin from each of `keys`; keys not pinned are ignored. Returns how many of
@@ -105,12 +136,23 @@ mod tests {
     fn pins_count_and_unknown_unpins_are_reported() {
         let pins = Pins::default();
         let (a, b): (&[u8], &[u8]) = (b"key-a", b"key-b");
-        pins.pin(&[a, a, b]);
+        assert_eq!(pins.pin(&[a, a, b]), [true, true, true]);
         assert!(pins.holds(a) && pins.holds(b));
         assert_eq!(pins.unpin(&[a, b]), 0);
         assert!(pins.holds(a) && !pins.holds(b));
         assert_eq!(pins.unpin(&[a, b]), 1);
         assert!(!pins.holds(a));
         assert_eq!(pins.count(), 0);
+    }
+
+    #[test]
+    fn a_key_being_deleted_is_not_held_and_a_pinned_one_is_not_deleted() {
+        let pins = Pins::default();
+        let (a, b): (&[u8], &[u8]) = (b"key-a", b"key-b");
+        assert!(pins.start_delete(a));
+        assert_eq!(pins.pin(&[a, b]), [false, true]);
+        assert!(!pins.start_delete(b));
+        pins.deleted(a);
+        assert_eq!(pins.pin(&[a]), [true]);
     }
 }

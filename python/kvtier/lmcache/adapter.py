@@ -18,10 +18,11 @@ the arena, the adapter closing) fails at once. A store task succeeds only when e
 was stored and checked by the library; a load sets the bit of each key whose bytes arrived
 whole and verified. Nothing is reported stored or loaded that was not.
 
-"Locked" (``submit_lookup_and_lock_task``) promises that the object was in the store when
-looked up, not that it stays there: the tier's own ``eviction``, ``kvtier gc`` or another
-server may delete it before the load. Such a load fails that key alone (NotFound); it never
-returns another object's bytes.
+"Locked" (``submit_lookup_and_lock_task``): a key reported present is pinned in the tier
+(pinned before the store is asked) until ``submit_unlock``, so this tier's own ``eviction``
+keeps its object. The bucket is shared: ``kvtier gc``, another server or LMCache's
+``delete()`` may still delete it before the load. Such a load fails that key alone
+(NotFound); it never returns another object's bytes.
 """
 
 from __future__ import annotations
@@ -295,13 +296,22 @@ class KvtierL2Adapter(L2AdapterInterface):
             return self._lookup_results.pop(task_id, None)
 
     def submit_unlock(self, keys: list) -> None:
+        unpinned = []
         with self._lock:
             for key in keys:
                 held = self._locks.get(key, 0)
-                if held <= 1:
-                    self._locks.pop(key, None)
+                if held == 0:
+                    continue  # never locked here: no pin to take
+                unpinned.append(key)
+                if held == 1:
+                    self._locks.pop(key)
                 else:
                     self._locks[key] = held - 1
+        if unpinned:
+            try:
+                self.tier.unpin([key_of(k) for k in unpinned])
+            except (KvtierError, ValueError) as exc:  # closed: the pins went with the tier
+                logger.debug("kvtier.lmcache: unlock of %d keys: %s", len(unpinned), exc)
 
     def _lookup_loop(self) -> None:
         while True:
@@ -313,12 +323,24 @@ class KvtierL2Adapter(L2AdapterInterface):
                 self._delete_now(keys)
                 continue
             found: list[bool] = []
+            pinned: list[bytes] = []
             try:
                 kv_keys = [key_of(k) for k in keys]
+                # Pinned before the store is asked: a key found present whose pin holds
+                # stays through this tier's eviction until LMCache unlocks it.
+                held = self.tier.pin(kv_keys)
+                pinned = kv_keys
                 verdicts = self.tier.check_now(kv_keys, LOOKUP_TIMEOUT_S) if keys else []
-                found = [v is LookupResult.HIT for v in verdicts]
+                found = [v is LookupResult.HIT and h for v, h in zip(verdicts, held)]
             except (KvtierError, ValueError) as exc:
                 logger.warning("kvtier.lmcache: lookup task %d of %d keys failed: %s", task_id, len(keys), exc)
+                found = []
+            missed = [k for i, k in enumerate(pinned) if not (i < len(found) and found[i])]
+            if missed:
+                try:
+                    self.tier.unpin(missed)
+                except KvtierError as exc:  # closed meanwhile: the pins went with the tier
+                    logger.debug("kvtier.lmcache: unpin of %d keys: %s", len(missed), exc)
             self._finish_lookup(task_id, keys, found)
 
     def _finish_lookup(self, task_id: int, keys: list, found: list) -> None:
