@@ -40,7 +40,8 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 RESULTS = os.path.join(BENCH, "results")
 TESTS = os.path.join(ROOT, "python", "tests")
-BENCH_VENV = os.path.join(ROOT, "tools", "bench-venv")
+# KVTIER_BENCH_VENV: a bench venv elsewhere (where tools/ is shared and read-only).
+BENCH_VENV = os.environ.get("KVTIER_BENCH_VENV") or os.path.join(ROOT, "tools", "bench-venv")
 TOOLS_VENV = os.path.join(ROOT, "tools", "venv")
 MIB = 1 << 20
 

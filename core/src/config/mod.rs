@@ -57,9 +57,9 @@ pub struct TierConfig {
     /// requests, not threads.
     #[serde(default = "default_runtime_threads")]
     pub runtime_threads: usize,
-    /// Blocks stored and loaded at once (each a request, or the parts of a large object:
-    /// `store.store_part_bytes`, `store.load_part_bytes`, which are used while a quarter of
-    /// this or fewer are in flight).
+    /// Blocks stored and loaded at once, and the connections their parts may keep busy
+    /// together: each block a request, or parts on connections of their own where one
+    /// connection cannot fill the link (`store.load_part_bytes`, `store.store_part_bytes`).
     #[serde(default = "default_inflight_transfers")]
     pub max_inflight_transfers: usize,
     /// Threads that run blocking file I/O (the local store's reads and writes, DNS

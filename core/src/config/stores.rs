@@ -202,38 +202,32 @@ pub struct S3Config {
     /// On the direct path, a load of an object larger than this many bytes reads it as
     /// parts of this size, each a ranged GET on its own connection, all in flight at once,
     /// each landing in its place in the block; the checksum is still checked over the whole
-    /// block. A remote store caps what one connection moves, so a large object (vLLM chunks
-    /// of several blocks) loads as fast as its parts' connections together. Parts are used
-    /// while a quarter of `max_inflight_transfers` or fewer are in flight: beyond that the
-    /// jobs already keep many connections busy. 0: one GET per object.
-    #[serde(default = "default_load_part_bytes")]
-    pub load_part_bytes: u64,
+    /// block. Left out (the default), the tier decides from the link it measures: parts of
+    /// any object of 512 KiB or more where one connection cannot fill the link (a remote
+    /// store's per-connection cap or round trip), as many as `max_inflight_transfers` leaves
+    /// to each transfer in flight, none where more connections carry no more (a nearby
+    /// store, whose limit is the CPU); until it has measured, 8 MiB parts. A number fixes
+    /// the size: parts are then used while a quarter of `max_inflight_transfers` or fewer
+    /// are in flight. 0: one GET per object.
+    #[serde(default)]
+    #[schemars(example = 8_388_608_u64)]
+    pub load_part_bytes: Option<u64>,
     /// A store of an object of at least twice this many bytes uploads it as a multipart
     /// upload of parts this size (the last one takes the remainder, so no part is small),
     /// all parts in flight at once on connections of their own, each sent straight from
-    /// the block. A remote store caps what one connection moves, so a large object stores
-    /// as fast as its parts' connections together; a smaller one stays one PUT (a
-    /// multipart upload costs two requests more, and the server assembles it). With
-    /// `dedup: "conditional"` such a store asks first whether the object is there (a
-    /// multipart completion is not conditional: two tiers storing the same new block at
-    /// once may both upload it). Parts are used while a quarter of `max_inflight_transfers`
-    /// or fewer are in flight, as for loads. At least 5 MiB, S3's smallest part. 0: one PUT
-    /// per object.
-    #[serde(default = "default_store_part_bytes")]
-    pub store_part_bytes: u64,
+    /// the block. With `dedup: "conditional"` such a store asks first whether the object is
+    /// there (a multipart completion is not conditional: two tiers storing the same new
+    /// block at once may both upload it). Left out (the default), the tier decides from the
+    /// link it measures, as for loads: parts where one connection cannot fill the link and
+    /// they save a tenth of the transfer's time (a multipart upload costs two requests
+    /// more); an object under 10 MiB always goes as one PUT (S3's parts are 5 MiB at
+    /// least, but the last); until it has measured, 16 MiB parts. A number fixes the size:
+    /// parts are then used while a quarter of `max_inflight_transfers` or fewer are in
+    /// flight. At least 5 MiB, S3's smallest part. 0: one PUT per object.
+    #[serde(default)]
+    #[schemars(example = 16_777_216_u64)]
+    pub store_part_bytes: Option<u64>,
 }
-}
-
-fn default_load_part_bytes() -> u64 {
-    8 << 20
-}
-
-/// Larger than `load_part_bytes`: a multipart upload costs the server more than ranged
-/// GETs do (it assembles the parts), which on a nearby store outweighs what the parts gain
-/// (s3s-fs on loopback: 16 MiB blocks as two parts stored at 0.57x one PUT's rate). Objects
-/// under 32 MiB stay one PUT; vLLM chunks of 32 MiB and more go up in parts.
-fn default_store_part_bytes() -> u64 {
-    16 << 20
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -471,16 +465,14 @@ impl S3Config {
             ));
         }
         self.client_settings().check()?;
-        if self.load_part_bytes != 0 && self.load_part_bytes < MIN_LOAD_PART_BYTES {
+        if let Some(bytes @ 1..MIN_LOAD_PART_BYTES) = self.load_part_bytes {
             return Err(Error::config(format!(
-                "store.load_part_bytes is {}; it must be 0 (one GET per object) or at least {MIN_LOAD_PART_BYTES}",
-                self.load_part_bytes
+                "store.load_part_bytes is {bytes}; it must be 0 (one GET per object) or at least {MIN_LOAD_PART_BYTES} (or left out: decided from the link)"
             )));
         }
-        if self.store_part_bytes != 0 && self.store_part_bytes < MIN_STORE_PART_BYTES {
+        if let Some(bytes @ 1..MIN_STORE_PART_BYTES) = self.store_part_bytes {
             return Err(Error::config(format!(
-                "store.store_part_bytes is {}; it must be 0 (one PUT per object) or at least {MIN_STORE_PART_BYTES} (S3's smallest part)",
-                self.store_part_bytes
+                "store.store_part_bytes is {bytes}; it must be 0 (one PUT per object) or at least {MIN_STORE_PART_BYTES} (S3's smallest part; or left out: decided from the link)"
             )));
         }
         let endpoint = self.endpoint()?;

@@ -41,7 +41,7 @@ use crate::memory::{
     BlockMemory, CallerMemoryFence, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB,
     MAX_RANGES_PER_KEY,
 };
-use crate::store::{ProbeOutcome, Store, UploadCheck};
+use crate::store::{Lane, ProbeOutcome, Store, UploadCheck};
 use dedup::Dedup;
 use jobs::{failed_result, JobTable, Phase, ReadyFd};
 use lookup::{Existence, LookupTable};
@@ -110,16 +110,16 @@ impl TierState {
         })
     }
 
-    /// Whether a transfer starting now (its permit held) may split a large object into
-    /// parts on connections of their own. Parts fill a link the caller's jobs leave idle:
-    /// with a quarter of `max_inflight_transfers` or fewer in flight (16 of the default
-    /// 64), a few large objects would each crawl down one connection. Past that, the jobs
-    /// already keep many connections busy, and parts would only cost requests (and the
-    /// server its assembly of an upload's parts).
-    fn transfer_may_use_parts(&self) -> bool {
+    /// The transfer lane as a transfer starting now (its permit held) finds it: how many
+    /// transfers are in flight, of `max_inflight_transfers`. The store decides from it and
+    /// from the link how the transfer goes (in parts on connections of their own, or as one
+    /// request): parts fill a link the caller's jobs leave idle, within the lane's bound.
+    fn transfer_lane(&self) -> Lane {
         let most = self.config.max_inflight_transfers;
-        let in_flight = most.saturating_sub(self.transfer_permits.available_permits());
-        parts_fill_the_lane(in_flight, most)
+        Lane {
+            in_flight: most.saturating_sub(self.transfer_permits.available_permits()),
+            most,
+        }
     }
 
     fn table(&self) -> MutexGuard<'_, JobTable> {
@@ -714,24 +714,5 @@ async fn refresh_keyring(encryption: Arc<Encryption>, interval: Duration) {
         tokio::time::sleep(interval).await;
         let encryption = encryption.clone();
         let _ = tokio::task::spawn_blocking(move || encryption.refresh()).await;
-    }
-}
-
-/// [`TierState::transfer_may_use_parts`]: `in_flight` transfers (this one included) of at most
-/// `most` at once are a quarter of the lane or less (one alone always is).
-fn parts_fill_the_lane(in_flight: usize, most: usize) -> bool {
-    in_flight.saturating_mul(4) <= most.max(4)
-}
-
-#[cfg(test)]
-mod parts_tests {
-    #[test]
-    fn parts_fill_a_quarter_of_the_lane() {
-        assert!(super::parts_fill_the_lane(1, 64));
-        assert!(super::parts_fill_the_lane(16, 64));
-        assert!(!super::parts_fill_the_lane(17, 64));
-        assert!(super::parts_fill_the_lane(1, 1));
-        assert!(!super::parts_fill_the_lane(2, 2));
-        assert!(!super::parts_fill_the_lane(5, 8) && super::parts_fill_the_lane(2, 8));
     }
 }

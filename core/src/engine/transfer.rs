@@ -183,7 +183,7 @@ async fn store_block(
             body,
             shared.config.checksums,
             create,
-            shared.transfer_may_use_parts(),
+            shared.transfer_lane(),
         )
         .await?;
     match written {
@@ -359,13 +359,7 @@ async fn read_verified(
     let verify = shared.config.checksums;
     let read = shared
         .store
-        .read_block(
-            name,
-            slot,
-            verify,
-            allow_direct,
-            shared.transfer_may_use_parts(),
-        )
+        .read_block(name, slot, verify, allow_direct, shared.transfer_lane())
         .await?;
     if !verify {
         return Ok(());

@@ -21,6 +21,7 @@ mod credentials;
 pub(crate) mod direct;
 mod gcs;
 mod http_options;
+mod link;
 mod local;
 mod multipart;
 mod objects;
@@ -51,6 +52,8 @@ pub use ::object_store;
 pub use classify::error_chain;
 pub(crate) use classify::{answered, classify, op_error, Failed};
 pub use credentials::CredentialSource;
+pub(crate) use link::Lane;
+pub use link::{Direction as LinkDirection, DirectionReport, LinkReport, Mode as LinkMode};
 pub(crate) use local::ExistenceChecks;
 pub use objects::{ObjectCheck, ObjectInfo};
 pub use probe::ProbeOutcome;
@@ -79,8 +82,8 @@ enum Backend {
         /// PUTs carry `x-amz-checksum-crc64nvme` (unless `req_checksum: "required"`).
         upload_checksum: bool,
         /// Objects of two parts or more of this size are stored as multipart uploads;
-        /// 0: never.
-        store_part_bytes: usize,
+        /// 0: never; `None`: the link decides ([`link`]).
+        store_part_bytes: Option<usize>,
     },
     /// Azure Blob Storage: metadata names are C# identifiers, so the checksum is recorded
     /// as `kvtier_crc32c`.
@@ -120,6 +123,8 @@ pub struct Store {
     /// The store refused a multipart upload as something it does not do: later large
     /// objects go up as one PUT each.
     multipart_refused: AtomicBool,
+    /// The link as this client's transfers measure it: how they go (in parts or whole).
+    link: link::Link,
 }
 
 /// Counters of the direct HTTP path.
@@ -166,8 +171,9 @@ impl Store {
                     ca_bundle: config.ca_bundle.clone(),
                     credentials: built.credentials,
                     upload_checksum: s3::sends_upload_checksum(config),
-                    store_part_bytes: usize::try_from(config.store_part_bytes)
-                        .unwrap_or(usize::MAX),
+                    store_part_bytes: config
+                        .store_part_bytes
+                        .map(|b| usize::try_from(b).unwrap_or(usize::MAX)),
                 };
                 let retries = Some(built.retries);
                 (
@@ -216,6 +222,7 @@ impl Store {
             retries,
             batch_delete_refused: AtomicBool::new(false),
             multipart_refused: AtomicBool::new(false),
+            link: link::Link::default(),
         })
     }
 
@@ -236,6 +243,12 @@ impl Store {
             (_, Some(endpoint)) => endpoint.tls(),
             (_, None) => true,
         }
+    }
+
+    /// The link as this client's transfers measured it, and how it sends them (in parts or
+    /// whole): see the `link` room.
+    pub fn link(&self) -> LinkReport {
+        self.link.report()
     }
 
     pub(crate) fn direct_counts(&self) -> DirectCounts {

@@ -10,6 +10,7 @@ use object_store::path::Path;
 use object_store::{Attributes, PutMultipartOptions, PutPayload, PutResult};
 
 use super::classify::{answered, error_chain, Failed};
+use super::link::{Link, Tag};
 use super::DynStore;
 
 /// How many parts a body of `len` bytes is cut into with parts of `part_len`: whole parts
@@ -57,11 +58,13 @@ pub(super) fn split(body: &PutPayload, part_len: usize) -> Vec<PutPayload> {
 /// every part is sent at once, and the upload completes when all have been stored. Any
 /// failure aborts the upload (the store keeps no parts of it) and is returned. Returns
 /// only when no request of the upload is running: the parts' views of the block are gone.
+/// Each part reports to the link what it got.
 pub(super) async fn upload(
     store: &DynStore,
     path: &Path,
     parts: &[PutPayload],
     attributes: &Attributes,
+    (link, tag): (&Link, Tag),
 ) -> Result<PutResult, Failed> {
     let options = PutMultipartOptions {
         attributes: attributes.clone(),
@@ -72,7 +75,17 @@ pub(super) async fn upload(
     // connections (a part is idempotent); all of them are awaited, failed or not.
     let sending: Vec<_> = parts
         .iter()
-        .map(|part| upload.put_part(part.clone()))
+        .map(|part| {
+            let timing = link.request(tag, part.content_length());
+            let sent = upload.put_part(part.clone());
+            async move {
+                let sent = sent.await;
+                if sent.is_ok() {
+                    timing.done();
+                }
+                sent
+            }
+        })
         .collect();
     let sent = answered(async {
         futures::future::join_all(sending)

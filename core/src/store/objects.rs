@@ -41,7 +41,7 @@ impl Store {
     /// Writes `body` at `path` as a store job does (overwriting), its checksum recorded
     /// beside it where a load looks for it: for tools that check a store end to end.
     pub async fn put_block(&self, path: &Path, body: Bytes) -> Result<()> {
-        self.write_block(path, PutPayload::from_bytes(body), true, false, true)
+        self.write_block(path, PutPayload::from_bytes(body), true, false, Lane::ALONE)
             .await
             .map(|_| ())
     }

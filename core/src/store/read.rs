@@ -15,8 +15,9 @@ pub(crate) struct ReadBlock {
 impl Store {
     /// Reads the object at `path` into `slot`, which it must fill exactly. `checksum`
     /// computes the CRC32C of the bytes read; `allow_direct` lets a plain-http S3 endpoint
-    /// answer on the direct path (falling back to the client on anything unexpected);
-    /// `parts` lets the direct path read a large object as ranged parts (`load_part_bytes`).
+    /// answer on the direct path (falling back to the client on anything unexpected), which
+    /// reads the object whole or in ranged parts as the link and `lane` (the transfer lane
+    /// as the transfer found it) make it worth (`load_part_bytes`, `link.rs`).
     /// On error the slot may hold partial data.
     pub(crate) async fn read_block(
         &self,
@@ -24,7 +25,7 @@ impl Store {
         slot: &mut BlockSlot,
         checksum: bool,
         allow_direct: bool,
-        parts: bool,
+        lane: Lane,
     ) -> Result<ReadBlock> {
         if let Backend::Local { files } = &self.backend {
             let (files, name, mut dest) = (files.clone(), path.to_string(), slot.reborrow());
@@ -33,7 +34,7 @@ impl Store {
                 .await
                 .map_err(|e| Error::join(&format!("load {path}"), &e))?;
         }
-        let read = self.read_block_remotely(path, slot, checksum, allow_direct, parts);
+        let read = self.read_block_remotely(path, slot, checksum, allow_direct, lane);
         budget::within(self.retry.budget, read).await
     }
 
@@ -43,12 +44,15 @@ impl Store {
         slot: &mut BlockSlot,
         checksum: bool,
         allow_direct: bool,
-        parts: bool,
+        lane: Lane,
     ) -> Result<ReadBlock> {
         if let (Some(direct), true) = (&self.direct, allow_direct) {
             self.direct_requests.fetch_add(1, Ordering::Relaxed);
             let block_bytes = slot.len();
-            match direct.get_into(path.as_ref(), slot, checksum, parts).await {
+            match direct
+                .get_into(path.as_ref(), slot, checksum, &self.link, lane)
+                .await
+            {
                 Ok((recorded, computed)) => {
                     return Ok(ReadBlock {
                         recorded,

@@ -1,6 +1,7 @@
 //! The write path: a block's body on its way up (one PUT, the direct path's single PUT
 //! from caller memory, or a multipart upload), with its checksums computed in one pass.
 
+use super::link::{Plan, Tag};
 use super::*;
 
 /// What a block write found.
@@ -25,14 +26,16 @@ impl Store {
     /// returned (the local store computes it piece by piece as it writes, on its file I/O
     /// thread; the others before the upload); `create` asks the store to refuse the write
     /// if the object exists (conditional PUT), which then answers [`WriteOutcome::AlreadyStored`].
-    /// `parts` lets a large object go up as a multipart upload (`store_part_bytes`).
+    /// An S3 store sends the object as one PUT or as a multipart upload as the link and
+    /// `lane` (the transfer lane as the transfer found it) make it worth
+    /// (`store_part_bytes`, `link.rs`).
     pub(crate) async fn write_block(
         &self,
         path: &Path,
         body: PutPayload,
         checksum: bool,
         create: bool,
-        parts: bool,
+        lane: Lane,
     ) -> Result<(WriteOutcome, Option<u32>)> {
         if let Backend::Local { files } = &self.backend {
             let (files, name) = (files.clone(), path.to_string());
@@ -42,10 +45,11 @@ impl Store {
             .await
             .map_err(|e| Error::join(&format!("store {path}"), &e))?;
         }
+        let plan = self.store_plan(body.content_length(), lane);
         // The upload checksum a direct PUT sends is computed here with the block's own, in
         // the same pass over its bytes; the general client computes its own.
         let checksums = if checksum {
-            let direct_put = self.puts_direct(body.content_length(), parts);
+            let direct_put = self.puts_direct(plan);
             let (crc, upload) = integrity::body_checksums(body.iter().map(|b| &b[..]), direct_put);
             BodyChecksums {
                 recorded: Some(crc),
@@ -54,7 +58,7 @@ impl Store {
         } else {
             BodyChecksums::default()
         };
-        let put = self.put_object(path, body, checksums, create, parts);
+        let put = self.put_object(path, body, checksums, create, plan);
         budget::within(self.retry.budget, put)
             .await
             .map(|written| (written, checksums.recorded))
@@ -72,29 +76,31 @@ impl Store {
         )
     }
 
-    /// Whether a body of `len` bytes goes first as one PUT on the direct path, with an
+    /// Whether a body planned as `plan` goes first as one PUT on the direct path, with an
     /// upload checksum.
-    fn puts_direct(&self, len: usize, parts: bool) -> bool {
+    fn puts_direct(&self, plan: Option<Plan>) -> bool {
         self.sends_upload_checksum()
             && self.direct.as_ref().is_some_and(|direct| direct.puts())
-            && self.part_bytes(len, parts).is_none()
+            && plan.is_none_or(|plan| plan.part_len.is_none())
     }
 
-    /// The bytes of each part when a body of `len` bytes is uploaded in parts (an S3 store,
-    /// parts allowed for the transfer, two parts or more, and the store has not refused
-    /// multipart uploads); `None` for one PUT.
-    fn part_bytes(&self, len: usize, parts: bool) -> Option<usize> {
-        match self.backend {
-            Backend::S3 {
-                store_part_bytes, ..
-            } if parts
-                && multipart::part_count(len, store_part_bytes) >= 2
-                && !self.multipart_refused.load(Ordering::Relaxed) =>
-            {
-                Some(store_part_bytes)
-            }
-            _ => None,
-        }
+    /// How a body of `len` bytes goes up to an S3 store (one PUT, or a multipart upload of
+    /// parts of `part_len`), as the link plans it for `lane`, or as `store_part_bytes`
+    /// fixes it; one PUT once the store has refused multipart uploads. `None` for the other
+    /// stores: one PUT, not measured.
+    fn store_plan(&self, len: usize, lane: Lane) -> Option<Plan> {
+        let Backend::S3 {
+            store_part_bytes, ..
+        } = self.backend
+        else {
+            return None;
+        };
+        let fixed = if self.multipart_refused.load(Ordering::Relaxed) {
+            Some(0)
+        } else {
+            store_part_bytes
+        };
+        Some(self.link.plan(LinkDirection::Store, len, lane, fixed))
     }
 
     async fn put_object(
@@ -103,7 +109,7 @@ impl Store {
         body: PutPayload,
         checksums: BodyChecksums,
         create: bool,
-        parts: bool,
+        plan: Option<Plan>,
     ) -> Result<WriteOutcome> {
         let attributes = match (checksums.recorded, &self.backend) {
             (None, _) => Default::default(),
@@ -122,9 +128,9 @@ impl Store {
             }
             _ => body,
         };
-        if let Some(part_len) = self.part_bytes(body.content_length(), parts) {
+        if let Some((part_len, tag)) = plan.and_then(|p| Some((p.part_len?, p.tag))) {
             let in_parts = self
-                .put_in_parts(path, &body, &attributes, create, part_len)
+                .put_in_parts(path, &body, &attributes, create, part_len, tag)
                 .await;
             if let Some(written) = in_parts {
                 return written;
@@ -145,6 +151,7 @@ impl Store {
         // a PUT it deems not idempotent); a repeat that finds the object is a 412. The first
         // attempt goes on the direct path where there is one.
         let mut first = true;
+        let timing = plan.map(|plan| self.link.request(plan.tag, body.content_length()));
         let (stored, may_have_landed) = answer::watching_puts(classify::repeat_refused_uploads(
             &self.client,
             path,
@@ -171,6 +178,9 @@ impl Store {
             },
         ))
         .await;
+        if let (Some(timing), true) = (timing, stored.is_ok()) {
+            timing.done();
+        }
         match stored {
             Ok(_) => Ok(WriteOutcome::Stored),
             Err(e) if create && classify::found_by_create(&e) => {
@@ -315,6 +325,7 @@ impl Store {
         attributes: &object_store::Attributes,
         create: bool,
         part_len: usize,
+        tag: Tag,
     ) -> Option<Result<WriteOutcome>> {
         if create {
             match self.exists(path, false).await {
@@ -330,7 +341,7 @@ impl Store {
             PutMode::Overwrite,
             self.retry,
             &self.damaged_uploads,
-            |_| multipart::upload(&self.client, path, &parts, attributes),
+            |_| multipart::upload(&self.client, path, &parts, attributes, (&self.link, tag)),
         )
         .await;
         match uploaded {

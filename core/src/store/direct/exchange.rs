@@ -17,6 +17,8 @@ pub(super) struct GetInto<'a> {
     pub(super) dest: &'a mut BlockSlot,
     pub(super) crc: bool,
     pub(super) object_len: usize,
+    /// The time from the request to its response head (for the link's round trip).
+    pub(super) head_after: Option<std::time::Duration>,
 }
 
 impl Exchange for GetInto<'_> {
@@ -125,7 +127,9 @@ pub(super) async fn get_exchange(
 ) -> io::Result<(GetOutcome, bool)> {
     let (dest, crc) = (&mut *get.dest, get.crc);
     let mut buf = Vec::new();
+    let sent = std::time::Instant::now();
     let (head, filled) = send_and_read_head(conn, request, &mut buf).await?;
+    get.head_after = Some(sent.elapsed());
     let length = head.ranged_get_body_length().map_err(io::Error::other)?;
     let early = &buf[head.len..filled];
     if !(head.status == 200 || head.status == 206) {

@@ -58,7 +58,15 @@ use crate::error::Status;
 use crate::integrity;
 use crate::memory::BlockSlot;
 
+use super::link::{Direction, Lane, Link, Tag};
 use exchange::{is_stale, Exchange, GetInto, GetOutcome, GetRead, Head, PutFrom};
+
+/// Where a transfer's requests report what they got.
+#[derive(Clone, Copy)]
+struct Reporting<'a> {
+    link: &'a Link,
+    tag: Tag,
+}
 use request::{Target, Unusable};
 use response::ResponseHead;
 
@@ -98,8 +106,9 @@ pub(crate) struct DirectHttp {
     /// The TLS client of an https endpoint.
     tls: Option<Tls>,
     idle: Mutex<Vec<Conn>>,
-    /// Loads of larger objects read parts of this size in parallel; 0: never.
-    load_part_bytes: usize,
+    /// Loads of larger objects read parts of this size in parallel; 0: never; `None`: the
+    /// link decides (`store/link.rs`).
+    load_part_bytes: Option<usize>,
     /// Whether stores may take the direct path ([`DirectHttp::puts`]).
     puts: bool,
 }
@@ -205,7 +214,9 @@ impl DirectHttp {
             request_timeout: Duration::from_millis(s3.request_timeout_ms),
             tls,
             idle: Mutex::new(Vec::new()),
-            load_part_bytes: usize::try_from(s3.load_part_bytes).unwrap_or(usize::MAX),
+            load_part_bytes: s3
+                .load_part_bytes
+                .map(|b| usize::try_from(b).unwrap_or(usize::MAX)),
             puts: !s3.payload_signing
                 && GENERAL_PUT_SETTINGS
                     .iter()
@@ -254,32 +265,42 @@ impl DirectHttp {
 
     /// GETs bytes `0..dest.len()` of object `name` into `dest`, piece after piece. Returns the CRC32C the
     /// object records (`x-amz-meta-kvtier-crc32c`) and, when `crc` is set, the CRC32C of
-    /// the bytes read. On any error `dest` may hold partial data. An object larger than
-    /// `load_part_bytes` is read as parts in parallel ([`DirectHttp::get_parts_into`]) when
-    /// `parts` allows it.
+    /// the bytes read. On any error `dest` may hold partial data. The object is read whole
+    /// or as parts in parallel ([`DirectHttp::get_parts_into`]) as `link` plans it for a
+    /// transfer lane that looks like `lane` (or `load_part_bytes`, when configured); each
+    /// request reports to `link` what it got.
     pub(crate) async fn get_into(
         &self,
         name: &str,
         dest: &mut BlockSlot,
         crc: bool,
-        parts: bool,
+        link: &Link,
+        lane: Lane,
     ) -> Result<(Option<u32>, u32), DirectError> {
         if dest.len() == 0 {
             return Err(DirectError::Fallback("empty block".into()));
         }
         let credential = self.credential().await?;
-        if parts && self.load_part_bytes > 0 && dest.len() > self.load_part_bytes {
-            return self.get_parts_into(name, dest, crc, &credential).await;
+        let plan = link.plan(Direction::Load, dest.len(), lane, self.load_part_bytes);
+        let reporting = Reporting {
+            link,
+            tag: plan.tag,
+        };
+        if let Some(part_len) = plan.part_len {
+            return self
+                .get_parts_into(name, dest, crc, &credential, part_len, reporting)
+                .await;
         }
         let object_len = dest.len();
         let got = self
-            .get_part(name, dest, 0, object_len, crc, &credential)
+            .get_part(name, dest, 0, object_len, crc, &credential, reporting)
             .await?;
         Ok((got.recorded_crc, got.crc))
     }
 
     /// One ranged GET: bytes `start..start + dest.len()` of object `name`, which must be
     /// `object_len` bytes long, into `dest`.
+    #[allow(clippy::too_many_arguments)]
     async fn get_part(
         &self,
         name: &str,
@@ -288,42 +309,60 @@ impl DirectHttp {
         object_len: usize,
         crc: bool,
         credential: &AwsCredential,
+        reporting: Reporting<'_>,
     ) -> GetOutcome {
         let request = self
             .target
             .head(Method::GET, name, Some((start, dest.len())), credential)
             .map_err(DirectError::Fallback)?;
+        let timing = reporting.link.request(reporting.tag, dest.len());
         let mut exchange = GetInto {
             dest,
             crc,
             object_len,
+            head_after: None,
         };
-        self.round_trip(&request, &mut exchange).await?
+        let got = self.round_trip(&request, &mut exchange).await?;
+        if let Some(head_after) = exchange.head_after {
+            reporting.link.head_after(head_after);
+        }
+        if got.is_ok() {
+            timing.done();
+        }
+        got
     }
 
-    /// [`DirectHttp::get_into`] for an object larger than `load_part_bytes`: each part of
-    /// that size is a ranged GET of its own, all in flight at once (a pooled connection
-    /// each, or a new one), each read straight into its place in `dest`. A remote store
-    /// caps what one connection moves; parts add up. The parts' checksums are combined
-    /// into the whole block's, and every part must come from one version of the object
-    /// (one ETag, one recorded checksum), else the load is asked again through
-    /// `object_store` as one GET.
+    /// [`DirectHttp::get_into`] in parts of `part_len` bytes (the last one: the rest): each
+    /// a ranged GET of its own, all in flight at once (a pooled connection each, or a new
+    /// one), each read straight into its place in `dest`. A remote store caps what one
+    /// connection moves; parts add up. The parts' checksums are combined into the whole
+    /// block's, and every part must come from one version of the object (one ETag, one
+    /// recorded checksum), else the load is asked again through `object_store` as one GET.
     async fn get_parts_into(
         &self,
         name: &str,
         dest: &mut BlockSlot,
         crc: bool,
         credential: &AwsCredential,
+        part_len: usize,
+        reporting: Reporting<'_>,
     ) -> Result<(Option<u32>, u32), DirectError> {
         let object_len = dest.len();
-        let part_len = self.load_part_bytes;
         // SAFETY of the parts (`BlockSlot::parts`): `dest` is not used until they are gone.
         let parts = dest.parts(part_len);
         let lens: Vec<usize> = parts.iter().map(BlockSlot::len).collect();
         let outcomes = futures::future::join_all(parts.into_iter().enumerate().map(
             |(i, mut part)| async move {
-                self.get_part(name, &mut part, i * part_len, object_len, crc, credential)
-                    .await
+                self.get_part(
+                    name,
+                    &mut part,
+                    i * part_len,
+                    object_len,
+                    crc,
+                    credential,
+                    reporting,
+                )
+                .await
             },
         ))
         .await;

@@ -181,7 +181,13 @@ async fn get(s: &Scripted) -> Result<(Option<u32>, u32), DirectError> {
     let mut block = [0u8; 10];
     let got = s
         .direct
-        .get_into("kv/a", &mut BlockSlot::of_buffer(&mut block), true, true)
+        .get_into(
+            "kv/a",
+            &mut BlockSlot::of_buffer(&mut block),
+            true,
+            &Link::default(),
+            Lane::ALONE,
+        )
         .await;
     if got.is_ok() {
         assert_eq!(&block, b"0123456789");
