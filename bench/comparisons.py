@@ -148,6 +148,24 @@ COMPARISONS = [
         "chart": "latency-matrix.png",
     },
     {
+        "name": "link-40ms-25mbps",
+        "question": "Where the link caps each connection, do parts chosen from the link close the gap to awscrt?",
+        "heading": "At a remote store's latency",
+        "title": "A capped link: 40 ms, 25 MB/s a connection",
+        "measures": "`bench/compare --latency 40 --connection-mbps 25`: 2 MiB objects, 16 jobs in flight, kvtier "
+                    "with its defaults (parts decided from what its own requests measure) beside NIXL OBJ and "
+                    "awscrt, every byte verified; the cell of the latency matrix where kvtier trailed most.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--latency", "40", "--connection-mbps", "25", "--sizes", "2M", "--concurrency", "16",
+                   "--servers", "s3sfs", "--clients", "kvtier,nixl,awscrt", "--reps", "2",
+                   "--name", "link-40ms-25mbps"],
+        "minutes": "4",
+        "results": ["link-40ms-25mbps.md", "link-40ms-25mbps.jsonl", "link-40ms-25mbps.png"],
+        "render": "compare",
+        "sections": ["pivot"],
+    },
+    {
         "name": "loopback-16m",
         "question": "Do blocks up to 16 MiB still go as one request on loopback, as fast as before parts?",
         "heading": "At a remote store's latency",
