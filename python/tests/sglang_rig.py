@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-PAGE = 16  # tokens per page
+PAGE = 16  # tokens per page (the default; a pool's own page_size is what counts)
+DSA_PAGE = 64  # DSA pools need 64-token pages
 LAYERS = 3
 HEADS = 4
 HEAD_DIM = 64
@@ -50,14 +51,14 @@ def model_dir() -> str:
     return _model_dir
 
 
-def server_args(layout: str):
+def server_args(layout: str, page: int = PAGE):
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     args = ServerArgs(
         model_path=model_dir(),
         skip_tokenizer_init=True,
         device="cpu",
-        page_size=PAGE,
+        page_size=page,
         hicache_mem_layout=layout,
         hicache_io_backend="direct",
         hicache_write_policy="write_through",
@@ -81,42 +82,61 @@ class Pools:
     mla: bool
 
 
-def mha_pools(layout: str, size: int = 512, dtype=torch.bfloat16, heads: int = HEADS) -> Pools:
+def mha_pools(layout: str, size: int = 512, dtype=torch.bfloat16, heads: int = HEADS, page: int = PAGE) -> Pools:
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls
 
     dev = MHATokenToKVPool(
-        size=size, page_size=PAGE, dtype=dtype, head_num=heads, head_dim=HEAD_DIM,
+        size=size, page_size=page, dtype=dtype, head_num=heads, head_dim=HEAD_DIM,
         layer_num=LAYERS, device="cpu", enable_memory_saver=False,
     )
     info = dev.get_device_pool_infos()[0].buffer_info
     host = get_mha_host_pool_cls(info)(
-        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+        info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
         device_capacity_tokens=dev.size, start_layer=dev.start_layer, end_layer=dev.end_layer,
         write_back_staging=dev.hicache_write_back_staging,
     )
-    allocator = PagedTokenToKVPoolAllocator(dev.size, PAGE, dtype, "cpu", dev, False)
+    allocator = PagedTokenToKVPoolAllocator(dev.size, page, dtype, "cpu", dev, False)
     return Pools(dev, host, allocator, mla=False)
 
 
-def mla_pools(layout: str, size: int = 512, dtype=torch.bfloat16) -> Pools:
+def mla_pools(layout: str, size: int = 512, dtype=torch.bfloat16, page: int = PAGE, dsa: bool = False) -> Pools:
+    """SGLang's MLA KV pools; with ``dsa``, the device pool is a ``DSATokenToKVPool`` (the
+    MLA pool of DeepSeek sparse attention, which also holds the indexer's keys: build its
+    host pool with :func:`dsa_indexer_host_pool`; SGLang needs 64-token pages for it)."""
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-    dev = MLATokenToKVPool(
-        size=size, page_size=PAGE, dtype=dtype, kv_lora_rank=64, qk_rope_head_dim=16,
-        layer_num=LAYERS, device="cpu", enable_memory_saver=False,
-    )
+    common = dict(size=size, page_size=page, dtype=dtype, kv_lora_rank=64, qk_rope_head_dim=16,
+                  layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    if dsa:
+        dev = DSATokenToKVPool(**common, index_head_dim=128, kv_cache_dim=80)
+    else:
+        dev = MLATokenToKVPool(**common)
     info = dev.get_device_pool_infos()[0].buffer_info
     host = MLATokenToKVPoolHost(
-        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+        info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
         device_capacity_tokens=dev.size, start_layer=dev.start_layer, end_layer=dev.end_layer,
         target_layer_num=LAYERS,
     )
-    allocator = PagedTokenToKVPoolAllocator(dev.size, PAGE, dtype, "cpu", dev, False)
+    allocator = PagedTokenToKVPoolAllocator(dev.size, page, dtype, "cpu", dev, False)
     return Pools(dev, host, allocator, mla=True)
+
+
+def dsa_pools(layout: str, size: int = 512, page: int = DSA_PAGE) -> Pools:
+    """The MLA KV pools of a DSA model (:func:`mla_pools` with ``dsa``)."""
+    return mla_pools(layout, size=size, page=page, dsa=True)
+
+
+def dsa_indexer_host_pool(anchor: Pools):
+    """SGLang's DSA indexer host pool (``DSAIndexerPoolHost``) over the DSA device pool of
+    ``anchor`` (:func:`mla_pools` with ``dsa``), on the anchor host pool's indices and
+    layout, as SGLang's assembler declares it (``make_dsa_indexer_pool_decl``); unpinned."""
+    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
+
+    return DSAIndexerPoolHost(make_dsa_indexer_pool_decl(anchor.device), anchor.host, pin_memory=False, device="cpu")
 
 
 def extra_config(store: dict, prefix: str, **more) -> dict:
@@ -135,43 +155,47 @@ def controller(pools: Pools, extra: dict, layout: str, tp_rank: int = 0, tp_size
     """SGLang's HiCacheController with the dynamic backend from ``extra``."""
     from sglang.srt.managers.cache_controller import HiCacheController
 
-    server_args(layout)
+    page = pools.host.page_size
+    server_args(layout, page)
     parallel(tp_rank, tp_size)
     return HiCacheController(
-        pools.allocator, pools.host, PAGE, None, threading.Event(),
+        pools.allocator, pools.host, page, None, threading.Event(),
         write_policy="write_through", io_backend="direct", storage_backend="dynamic",
-        prefetch_threshold=PAGE, model_name=MODEL, storage_backend_extra_config=dict(extra),
+        prefetch_threshold=page, model_name=MODEL, storage_backend_extra_config=dict(extra),
     )
 
 
 def fill_pages(host, indices: torch.Tensor, seed: int) -> None:
-    """Random bytes in the host pool's pages at ``indices`` (token indices)."""
+    """Random values in the KV host pool's pages at ``indices`` (token indices; the pool's
+    own page size)."""
     gen = torch.Generator().manual_seed(seed)
-    for start in range(0, len(indices), PAGE):
+    for start in range(0, len(indices), host.page_size):
         page = host.get_data_page(int(indices[start]), flat=True)
         noise = torch.randint(-1000, 1000, page.shape, generator=gen, dtype=torch.int32).to(page.dtype) / 7
         host.set_from_flat_data_page(int(indices[start]), noise)
 
 
 def page_bytes(host, indices: torch.Tensor) -> list[bytes]:
-    """Each page's bytes at ``indices``, in flat-page order."""
+    """Each page's bytes at ``indices``, in flat-page order, for any host pool (KV or side
+    pool; its own page size: a Mamba page is one slot)."""
     return [
         host.get_data_page(int(indices[s]), flat=True).contiguous().view(torch.uint8).numpy().tobytes()
-        for s in range(0, len(indices), PAGE)
+        for s in range(0, len(indices), host.page_size)
     ]
 
 
-def tokens(n_pages: int, salt: int = 0) -> list[int]:
-    return [(salt * 7919 + i) % 32000 for i in range(n_pages * PAGE)]
+def tokens(n_pages: int, salt: int = 0, page: int = PAGE) -> list[int]:
+    return [(salt * 7919 + i) % 32000 for i in range(n_pages * page)]
 
 
-def page_keys(toks: list[int]) -> list[str]:
-    """SGLang's chained page keys of ``toks``, as its controller computes them."""
+def page_keys(toks: list[int], page: int = PAGE) -> list[str]:
+    """SGLang's chained page keys of ``toks`` (pages of ``page`` tokens), as its controller
+    computes them."""
     from sglang.srt.mem_cache.utils import get_hash_str
 
     keys, last = [], None
-    for s in range(0, len(toks), PAGE):
-        last = get_hash_str(toks[s:s + PAGE], last)
+    for s in range(0, len(toks), page):
+        last = get_hash_str(toks[s:s + page], last)
         keys.append(last)
     return keys
 
@@ -180,11 +204,11 @@ def backup_pages(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: flo
     """``write_storage`` of the pages at ``host_indices`` and the wait for its ack; returns
     the page keys SGLang chained for them and how many pages SGLang counts as backed up
     (its batches stop at the first that fails)."""
-    keys = page_keys(toks)
+    keys = page_keys(toks, ctrl.page_size)
     op_id = ctrl.write_storage(host_indices, toks, hash_value=keys)
     ack = ctrl.ack_backup_queue.get(timeout=timeout)
     assert ack.id == op_id, (ack.id, op_id)
-    return keys, ack.completed_tokens // PAGE
+    return keys, ack.completed_tokens // ctrl.page_size
 
 
 def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 60.0) -> list[str]:
@@ -197,10 +221,10 @@ def backup(ctrl, host_indices: torch.Tensor, toks: list[int], timeout: float = 6
 def back_up_new_pages(ctrl, host, n_pages: int, seed: int) -> tuple[list[int], list[bytes], list[str]]:
     """``n_pages`` fresh pages of ``host`` filled from ``seed``, backed up by ``ctrl`` (every
     page) under tokens salted with ``seed``. Returns (tokens, each page's bytes, keys)."""
-    indices = host.alloc(n_pages * PAGE)
+    indices = host.alloc(n_pages * host.page_size)
     fill_pages(host, indices, seed=seed)
     want = page_bytes(host, indices)
-    toks = tokens(n_pages, salt=seed)
+    toks = tokens(n_pages, salt=seed, page=host.page_size)
     return toks, want, backup(ctrl, indices, toks)
 
 
@@ -232,7 +256,7 @@ def prefetch(ctrl, host, rid, toks: list[int], timeout: float = 60.0):
             loaded = max(loaded, ack.completed_tokens)
         if ack.completed_req:
             break
-    return op.storage_hit_count // PAGE, loaded // PAGE, indices
+    return op.storage_hit_count // ctrl.page_size, loaded // ctrl.page_size, indices
 
 
 def hybrid_controller(layout: str, extra: dict, size: int = 512):
@@ -289,10 +313,10 @@ def mamba_host_pool(slots: int = 16, heads: int = 4):
     return host, info
 
 
-def swa_pools(layout: str, size: int = 256) -> Pools:
-    """A sliding-window KV pool: SGLang builds its host pool like the full KV pool's, over
-    the SWA layers' own device pool."""
-    return mha_pools(layout, size=size)
+def swa_pools(layout: str, size: int = 256, mla: bool = False, page: int = PAGE) -> Pools:
+    """A sliding-window KV pool: SGLang builds its host pool like the full KV pool's (MHA,
+    or MLA beside an MLA KV pool), over the SWA layers' own device pool."""
+    return (mla_pools if mla else mha_pools)(layout, size=size, page=page)
 
 
 @dataclass
@@ -307,28 +331,38 @@ class Hybrid:
     def backend(self):
         return self.ctrl.storage_backend
 
+    @property
+    def page(self) -> int:
+        """Tokens per KV page."""
+        return self.ctrl.page_size
 
-def hybrid_group_controller(layout: str, extra: dict, side: dict, size: int = 512) -> Hybrid:
-    """SGLang's ``HybridCacheController`` over a ``HostPoolGroup`` of a KV anchor and the
-    side pools ``side`` (PoolName -> (host pool, device pool)), as SGLang's hybrid
-    assemblers group them, with the dynamic backend from ``extra``: the controller
-    registers every entry with the backend (``register_mem_host_pool_v2``)."""
+
+def hybrid_group_controller(layout: str, extra: dict, side, size: int = 512, anchor=mha_pools,
+                            page: int = PAGE) -> Hybrid:
+    """SGLang's ``HybridCacheController`` over a ``HostPoolGroup`` of a KV anchor (built by
+    ``anchor(layout, size=, page=)``: :func:`mha_pools`, or :func:`mla_pools`) and the side
+    pools ``side`` (PoolName -> (host pool, device pool), or a function of the anchor's
+    :class:`Pools` returning that, for pools built on the anchor such as the DSA indexer),
+    as SGLang's hybrid assemblers group them, with the dynamic backend from ``extra``: the
+    controller registers every entry with the backend (``register_mem_host_pool_v2``)."""
     from sglang.srt.mem_cache.hicache_storage import PoolName
     from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
     from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
 
-    server_args(layout)
+    server_args(layout, page)
     parallel()
-    kv = mha_pools(layout, size=size)
+    kv = anchor(layout, size=size, page=page)
+    if callable(side):
+        side = side(kv)
     entries = [PoolEntry(name=PoolName.KV, host_pool=kv.host, device_pool=kv.device,
                          layer_mapper=lambda i: i, is_primary_index_anchor=True)]
     for name, (host, device) in side.items():
         entries.append(PoolEntry(name=name, host_pool=host, device_pool=device, layer_mapper=lambda i: i))
     group = HostPoolGroup(entries)
     ctrl = HybridCacheController(
-        kv.allocator, group, PAGE, None, threading.Event(),
+        kv.allocator, group, page, None, threading.Event(),
         write_policy="write_through", io_backend="direct", storage_backend="dynamic",
-        prefetch_threshold=PAGE, model_name=MODEL, storage_backend_extra_config=dict(extra),
+        prefetch_threshold=page, model_name=MODEL, storage_backend_extra_config=dict(extra),
     )
     return Hybrid(ctrl, kv.host, {name: host for name, (host, _) in side.items()})
 
@@ -344,24 +378,19 @@ def fill_side_pages(host, indices: torch.Tensor, seed: int) -> None:
         host.set_from_flat_data_page(int(indices[start]), noise.to(torch.uint8).view(page.dtype))
 
 
-def side_page_bytes(host, indices: torch.Tensor) -> list[bytes]:
-    step = host.page_size
-    return [
-        host.get_data_page(int(indices[s]), flat=True).contiguous().view(torch.uint8).numpy().tobytes()
-        for s in range(0, len(indices), step)
-    ]
-
-
-def hybrid_backup(h: Hybrid, kv_indices: torch.Tensor, toks: list[int], side: list, timeout: float = 60.0):
-    """``write_storage`` of the KV pages at ``kv_indices`` with the side-pool transfers
-    ``side`` (``PoolTransfer`` with keys and host indices, as the radix cache builds them),
-    and the wait for its ack. Returns (KV keys, pages SGLang counts as backed up, each
-    side pool's leading run of stored pages)."""
-    keys = page_keys(toks)
-    op_id = h.ctrl.write_storage(kv_indices, toks, hash_value=keys, extra_pools=side)
+def hybrid_backup(h: Hybrid, kv_indices: torch.Tensor, toks: list[int], side: list, prefix_keys=None,
+                  timeout: float = 60.0):
+    """``write_storage`` of the KV pages at ``kv_indices`` (tokens ``toks``, after the pages
+    of ``prefix_keys``) with the side-pool transfers ``side`` (``PoolTransfer`` as the radix
+    cache builds them: keys and host indices, or ``indices_from_pool`` for a pool on the KV
+    pages' indices, which SGLang resolves), and the wait for its ack. Returns (KV keys,
+    pages SGLang counts as backed up, each side pool's leading run of stored pages)."""
+    keys = page_keys(toks, h.page)[len(prefix_keys or ()):]
+    op_id = h.ctrl.write_storage(kv_indices, toks[len(prefix_keys or ()) * h.page:], hash_value=keys,
+                                 prefix_keys=prefix_keys, extra_pools=side)
     ack = h.ctrl.ack_backup_queue.get(timeout=timeout)
     assert ack.id == op_id, (ack.id, op_id)
-    return keys, ack.completed_tokens // PAGE, dict(ack.pool_storage_result.extra_pool_hit_pages)
+    return keys, ack.completed_tokens // h.page, dict(ack.pool_storage_result.extra_pool_hit_pages)
 
 
 @dataclass
@@ -378,18 +407,24 @@ def hybrid_prefetch(h: Hybrid, rid: str, toks: list[int], side: list, timeout: f
     """SGLang's hybrid prefetch of ``toks`` with side transfers ``side`` (placeholder keys:
     only their number counts, and no host indices): the hit query (``batch_exists_v2``),
     host pages for the hit in the KV pool and, as the radix cache stages them, for each
-    side pool (``min(len(keys), hit pages)`` pages), the KV transfer (``batch_get_v1``),
-    then the side transfers (``batch_get_v2``, keys re-aligned to the hit)."""
+    side pool with indices of its own (``min(len(keys), hit pages)`` pages), the KV
+    transfer (``batch_get_v1``, with ``batch_get_v2`` of the pools on the KV indices, e.g.
+    the DSA indexer, batch by batch), then the other side transfers (``batch_get_v2``,
+    keys re-aligned to the hit). A pool on the KV indices reads into the KV pages'
+    indices (its ``side_indices``); its pages loaded count in ``loaded``, which SGLang
+    clamps to the shorter of the two."""
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 
     op = h.ctrl.prefetch(CacheRequestHandle(rid, 0), toks, extra_pools=side)
     got = h.ctrl.prefetch_hit_queue.get(timeout=timeout)
     assert got is op
-    hit_pages = op.storage_hit_count // PAGE
+    hit_pages = op.storage_hit_count // h.page
     kv_indices = h.kv.alloc(op.storage_hit_count) if hit_pages else torch.tensor([], dtype=torch.int64)
     assert kv_indices is not None, "host pool full"
     op.host_indices = kv_indices
     for t in side:
+        if t.indices_from_pool is not None:
+            continue
         host = h.side[t.name]
         n = min(len(t.keys or ()), hit_pages) * host.page_size
         if n:
@@ -407,5 +442,5 @@ def hybrid_prefetch(h: Hybrid, rid: str, toks: list[int], side: list, timeout: f
         if ack.completed_req:
             break
     restorable = list(op.pool_storage_result.restorable_prefix_pages or [])
-    return HybridHit(hit_pages, restorable, loaded // PAGE, pool_hits, kv_indices,
-                     {t.name: t.host_indices for t in side})
+    side_indices = {t.name: kv_indices if t.indices_from_pool is not None else t.host_indices for t in side}
+    return HybridHit(hit_pages, restorable, loaded // h.page, pool_hits, kv_indices, side_indices)

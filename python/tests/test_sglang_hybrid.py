@@ -45,8 +45,8 @@ def hybrids():
     """Builds hybrid controllers; closes their backends at teardown."""
     made = []
 
-    def make(layout, extra, side):
-        h = rig.hybrid_group_controller(layout, extra, side)
+    def make(layout, extra, side, **kw):
+        h = rig.hybrid_group_controller(layout, extra, side, **kw)
         made.append(h)
         return h
 
@@ -59,9 +59,27 @@ def mamba(**kw):
     return {PoolName.MAMBA: rig.mamba_host_pool(**kw)}
 
 
-def swa(layout):
-    pools = rig.swa_pools(layout)
+def swa(layout, mla=False):
+    pools = rig.swa_pools(layout, mla=mla)
     return {PoolName.SWA: (pools.host, pools.device)}
+
+
+def indexer(kv):
+    """The DSA indexer host pool on the DSA anchor ``kv`` (its device pool holds both)."""
+    return {PoolName.INDEXER: (rig.dsa_indexer_host_pool(kv), kv.device)}
+
+
+def dsa(hybrids, extra, layout="page_first"):
+    """A DSA model's group: an MLA KV anchor on a DSA device pool and the indexer pool on
+    its indices, with 64-token pages."""
+    return hybrids(layout, extra, indexer, anchor=rig.dsa_pools, page=rig.DSA_PAGE)
+
+
+def on_kv(keys=None):
+    """The indexer's transfer as SGLang's radix cache builds it: on the KV pages' indices
+    (SGLang fills in their host indices and keys), ``all_pages``; a prefetch's has no keys."""
+    return [PoolTransfer(name=PoolName.INDEXER, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES,
+                         indices_from_pool=PoolName.KV)]
 
 
 def filled(host, n_pages, seed):
@@ -69,26 +87,20 @@ def filled(host, n_pages, seed):
     indices and bytes."""
     indices = host.alloc(n_pages * host.page_size)
     assert indices is not None
-    if host.page_size == rig.PAGE and hasattr(host, "head_num"):
+    if hasattr(host, "head_num") or hasattr(host, "kv_lora_rank"):  # a KV pool: values of its dtype
         rig.fill_pages(host, indices, seed)
-        return indices, rig.page_bytes(host, indices)
-    rig.fill_side_pages(host, indices, seed)
-    return indices, rig.side_page_bytes(host, indices)
+    else:
+        rig.fill_side_pages(host, indices, seed)
+    return indices, rig.page_bytes(host, indices)
 
 
 def backup_with_side(h, toks, kv_idx, name, side_idx, side_keys, prefix_keys=None):
     """One ``write_storage`` of KV pages with one side transfer, as SGLang's radix cache
     issues it (trailing pages); every page must be stored."""
-    keys = rig.page_keys(toks)
-    if prefix_keys is not None:
-        keys = keys[len(prefix_keys):]
     transfer = PoolTransfer(name=name, host_indices=side_idx, keys=side_keys, hit_policy=TRAILING)
-    op_id = h.ctrl.write_storage(kv_idx, toks[len(prefix_keys or []) * rig.PAGE:], hash_value=keys,
-                                 prefix_keys=prefix_keys, extra_pools=[transfer])
-    ack = h.ctrl.ack_backup_queue.get(timeout=60)
-    assert ack.id == op_id
-    assert ack.completed_tokens // rig.PAGE == len(keys)
-    assert ack.pool_storage_result.extra_pool_hit_pages[name] == len(side_keys)
+    keys, done, side = rig.hybrid_backup(h, kv_idx, toks, [transfer], prefix_keys=prefix_keys)
+    assert done == len(keys)
+    assert side[name] == len(side_keys)
 
 
 def placeholder(name, n):
@@ -132,7 +144,7 @@ def test_mamba_state_backs_up_and_prefetches_into_a_second_instance(kv_store, hy
     assert (got.hit, got.restorable, got.loaded) == (4, [4], 4)
     assert got.pool_hits == {"mamba": 1}
     assert rig.page_bytes(b.kv, got.kv_indices) == kv_want
-    assert rig.side_page_bytes(b.side[PoolName.MAMBA], got.side_indices[PoolName.MAMBA]) == m_want
+    assert rig.page_bytes(b.side[PoolName.MAMBA], got.side_indices[PoolName.MAMBA]) == m_want
 
 
 def test_a_missing_mamba_state_at_the_tail_falls_back_to_the_last_stored_state(kv_store, hybrids):
@@ -156,7 +168,7 @@ def test_a_missing_mamba_state_at_the_tail_falls_back_to_the_last_stored_state(k
     b = hybrids("page_first", extra, mamba())
     got = rig.hybrid_prefetch(b, "r1", toks, placeholder(PoolName.MAMBA, 1))
     assert (got.hit, got.restorable, got.loaded) == (6, [3, 6], 6)
-    assert rig.side_page_bytes(b.side[PoolName.MAMBA], got.side_indices[PoolName.MAMBA]) == m6_want
+    assert rig.page_bytes(b.side[PoolName.MAMBA], got.side_indices[PoolName.MAMBA]) == m6_want
 
     deleted = a.backend._side["mamba"].tier.delete([page_key(keys[5])])
     assert deleted["deleted"] == 1, deleted
@@ -164,7 +176,7 @@ def test_a_missing_mamba_state_at_the_tail_falls_back_to_the_last_stored_state(k
     assert (got.hit, got.restorable, got.loaded) == (3, [3], 3)
     assert got.pool_hits == {"mamba": 1}
     assert rig.page_bytes(b.kv, got.kv_indices) == kv_want[:3]
-    assert rig.side_page_bytes(b.side[PoolName.MAMBA], got.side_indices[PoolName.MAMBA]) == m3_want
+    assert rig.page_bytes(b.side[PoolName.MAMBA], got.side_indices[PoolName.MAMBA]) == m3_want
 
 
 @pytest.mark.parametrize("layout", ["layer_first", "page_first"])
@@ -227,6 +239,65 @@ def test_all_pages_policy_needs_every_page_up_to_the_hit(kv_store, hybrids):
     assert (result.kv_hit_pages, result.restorable_prefix_pages) == (4, [1, 2, 4])
 
 
+def draft(layout):
+    """An MTP draft model's KV pool, which SGLang keeps on the KV pages' indices."""
+    pools = rig.mha_pools(layout)
+    return {PoolName.DRAFT: (pools.host, pools.device)}
+
+
+def test_the_hit_query_over_three_side_pools_keeps_each_pools_verdict(kv_store, hybrids):
+    """A Mamba + SWA model with an MTP draft pool (KV, then three side pools, whose checks
+    run at once): each pool's own restorable lengths and longest hit come back under its
+    own name, and the usable lengths are those all of them keep. Two backups of pages 1-3
+    and 4-6 save the Mamba state at 3 and 6, the SWA windows over 2-3 and 5-6 and every
+    draft page; without SWA page 6 and draft page 5, Mamba keeps 3 and 6, SWA 3, the draft
+    1-4: length 3 is the hit."""
+    from kvtier.sglang import page_key
+
+    store, prefix = kv_store
+    extra = rig.extra_config(store, prefix)
+    layout = "page_first"
+    a = hybrids(layout, extra, {**mamba(), **swa(layout), **draft(layout)})
+    toks = rig.tokens(6, salt=50)
+    keys = rig.page_keys(toks)
+    kv_idx, _ = filled(a.kv, 6, seed=50)
+    for part, prefix_keys in ((slice(0, 3), None), (slice(3, 6), keys[:3])):
+        m_idx, _ = filled(a.side[PoolName.MAMBA], 1, seed=51 + part.start)
+        s_idx, _ = filled(a.side[PoolName.SWA], 2, seed=52 + part.start)
+        side = [PoolTransfer(name=PoolName.MAMBA, host_indices=m_idx, keys=keys[part][-1:], hit_policy=TRAILING),
+                PoolTransfer(name=PoolName.SWA, host_indices=s_idx, keys=keys[part][-2:], hit_policy=TRAILING),
+                PoolTransfer(name=PoolName.DRAFT, keys=keys[part], hit_policy=PoolHitPolicy.ALL_PAGES,
+                             indices_from_pool=PoolName.KV)]
+        rig.fill_side_pages(a.side[PoolName.DRAFT], kv_idx[part.start * rig.PAGE:part.stop * rig.PAGE], seed=53)
+        _, done, stored = rig.hybrid_backup(a, kv_idx[part.start * rig.PAGE:part.stop * rig.PAGE],
+                                            toks[: part.stop * rig.PAGE], side, prefix_keys=prefix_keys)
+        assert (done, stored) == (3, {PoolName.MAMBA: 1, PoolName.SWA: 2, PoolName.DRAFT: 3})
+    query = placeholder(PoolName.MAMBA, 1) + placeholder(PoolName.SWA, 2) + [
+        PoolTransfer(name=PoolName.DRAFT, hit_policy=PoolHitPolicy.ALL_PAGES, indices_from_pool=PoolName.KV)]
+    result = a.backend.batch_exists_v2(keys, query)
+    assert (result.kv_hit_pages, result.restorable_prefix_pages) == (6, [3, 6])
+    assert result.extra_pool_hit_pages == {PoolName.KV: 6, PoolName.MAMBA: 6, PoolName.SWA: 6, PoolName.DRAFT: 6}
+
+    assert a.backend._side["swa"].tier.delete([page_key(keys[5])])["deleted"] == 1
+    assert a.backend._side["draft"].tier.delete([page_key(keys[4])])["deleted"] == 1
+    result = a.backend.batch_exists_v2(keys, query)
+    assert (result.kv_hit_pages, result.restorable_prefix_pages) == (3, [3])
+    assert result.extra_pool_hit_pages == {PoolName.KV: 6, PoolName.MAMBA: 6, PoolName.SWA: 3, PoolName.DRAFT: 4}
+    # In another order, and with an SWA window of 3 pages, which no length has: no hit;
+    # the pools after the one that left no length are not reported.
+    query = [PoolTransfer(name=PoolName.DRAFT, hit_policy=PoolHitPolicy.ALL_PAGES, indices_from_pool=PoolName.KV)
+             ] + placeholder(PoolName.SWA, 3) + placeholder(PoolName.MAMBA, 1)
+    result = a.backend.batch_exists_v2(keys, query)
+    assert (result.kv_hit_pages, result.restorable_prefix_pages) == (0, [])
+    assert result.extra_pool_hit_pages == {PoolName.KV: 6, PoolName.DRAFT: 4}
+    # And SGLang's own hit query through the controller settles on length 3.
+    b = hybrids(layout, extra, {**mamba(), **swa(layout), **draft(layout)})
+    got = rig.hybrid_prefetch(b, "r", toks, placeholder(PoolName.MAMBA, 1) + placeholder(PoolName.SWA, 2) + [
+        PoolTransfer(name=PoolName.DRAFT, hit_policy=PoolHitPolicy.ALL_PAGES, indices_from_pool=PoolName.KV)])
+    assert (got.hit, got.restorable, got.loaded) == (3, [3], 3)
+    assert got.pool_hits == {"mamba": 1, "swa": 2}
+
+
 def test_a_side_pool_never_reads_another_pools_or_geometrys_bytes(kv_store, hybrids):
     """The same page keys stored in the Mamba pool are absent to an SWA pool, to a Mamba
     pool of another geometry and to the KV pool of a model that stored only side pages."""
@@ -264,52 +335,165 @@ def test_clear_deletes_the_side_pools_pages_too(kv_store, hybrids):
     assert a.backend._present("mamba", keys) == [False, False]
 
 
-def dsa_group(layout, extra):
-    """SGLang's DSA pools on CPU (DSA needs 64-token pages): an MLA KV anchor host pool and
-    the indexer host pool on its indices, in a group under ``HybridCacheController``."""
-    import threading
-
-    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
-    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
-    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
-    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
-
-    page = 64
-    rig.server_args(layout)
-    rig.parallel()
-    dev = DSATokenToKVPool(size=512, page_size=page, kv_lora_rank=64, dtype=torch.bfloat16, qk_rope_head_dim=16,
-                           layer_num=rig.LAYERS, device="cpu", index_head_dim=128, enable_memory_saver=False,
-                           kv_cache_dim=80)
-    info = dev.get_device_pool_infos()[0].buffer_info
-    anchor = MLATokenToKVPoolHost(info, 2.0, 0, page, layout, pin_memory=False, device="cpu",
-                                  device_capacity_tokens=dev.size, start_layer=dev.start_layer,
-                                  end_layer=dev.end_layer, target_layer_num=rig.LAYERS)
-    indexer = DSAIndexerPoolHost(make_dsa_indexer_pool_decl(dev), anchor, pin_memory=False, device="cpu")
-    group = HostPoolGroup([
-        PoolEntry(name=PoolName.KV, host_pool=anchor, device_pool=dev, layer_mapper=lambda i: i,
-                  is_primary_index_anchor=True),
-        PoolEntry(name=PoolName.INDEXER, host_pool=indexer, device_pool=dev, layer_mapper=lambda i: i),
-    ])
-    allocator = PagedTokenToKVPoolAllocator(dev.size, page, torch.bfloat16, "cpu", dev, False)
-    return lambda: HybridCacheController(
-        allocator, group, page, None, threading.Event(), write_policy="write_through", io_backend="direct",
-        storage_backend="dynamic", prefetch_threshold=page, model_name=rig.MODEL,
-        storage_backend_extra_config=dict(extra),
-    )
-
-
-def test_the_dsa_indexer_pool_registers_in_page_first_and_is_refused_in_layer_first(local_only):
+def test_the_dsa_indexer_pool_registers_in_page_first_and_is_refused_in_layer_first(local_only, hybrids):
     """The DSA indexer builds on CPU; SGLang's controller registers it. In ``page_first`` it
     gets its own namespace; in ``layer_first`` SGLang names no memory for its pages, and the
     backend refuses it at registration with SGLang's reason (the controller fails to start)."""
     extra = rig.extra_config(local_only.store_config, local_only.prefix)
-    ctrl = dsa_group("page_first", extra)()
-    try:
-        indexer = ctrl.storage_backend.side_pools["indexer"]
-        assert indexer.startswith("sglang/o-m/indexer-page_first-p64-") and indexer.endswith("/tp1")
-    finally:
-        ctrl.storage_backend.close()
+    h = dsa(hybrids, extra)
+    indexer_ns = h.backend.side_pools["indexer"]
+    assert indexer_ns.startswith("sglang/o-m/indexer-page_first-p64-") and indexer_ns.endswith("/tp1")
     with pytest.raises(ValueError, match="indexer.*Unsupported layout"):
-        dsa_group("layer_first", extra)()
+        dsa(hybrids, extra, layout="layer_first")
+
+
+def test_the_dsa_indexer_backs_up_and_prefetches_with_the_kv_pages(kv_store, hybrids):
+    """DSA (64-token pages): the indexer pool shares the KV pages' indices. SGLang backs its
+    pages up under the KV pages' keys (``batch_set_v2``) and reads them beside each KV batch
+    (``batch_get_v2``); a second instance with fresh pools gets both byte-exact. With the
+    indexer page of page 3 deleted from the store (every KV page still there), ``all_pages``
+    leaves lengths 1 and 2: the prefetch stops after page 2, both pools byte-exact."""
+    from kvtier.sglang import page_key
+
+    store, prefix = kv_store
+    extra = rig.extra_config(store, prefix)
+    a = dsa(hybrids, extra)
+    page = a.page
+    assert page == 64
+    toks = rig.tokens(5, salt=40, page=page)
+    keys = rig.page_keys(toks, page)
+    kv_idx, kv_want = filled(a.kv, 5, seed=40)
+    rig.fill_side_pages(a.side[PoolName.INDEXER], kv_idx, seed=41)
+    ix_want = rig.page_bytes(a.side[PoolName.INDEXER], kv_idx)
+    stored_keys, done, side = rig.hybrid_backup(a, kv_idx, toks, on_kv(keys))
+    assert (stored_keys, done, side) == (keys, 5, {PoolName.INDEXER: 5})
+
+    b = dsa(hybrids, extra)  # fresh pools, its own tiers
+    got = rig.hybrid_prefetch(b, "r1", toks, on_kv())
+    assert (got.hit, got.restorable, got.loaded) == (5, [1, 2, 3, 4, 5], 5)
+    assert rig.page_bytes(b.kv, got.kv_indices) == kv_want
+    assert rig.page_bytes(b.side[PoolName.INDEXER], got.side_indices[PoolName.INDEXER]) == ix_want
+    b.kv.free(got.kv_indices)
+
+    assert a.backend._side["indexer"].tier.delete([page_key(keys[2])])["deleted"] == 1
+    assert b.backend.batch_exists(keys) == 5
+    c = dsa(hybrids, extra)
+    got = rig.hybrid_prefetch(c, "r2", toks, on_kv())
+    assert (got.hit, got.restorable, got.loaded) == (2, [1, 2], 2)
+    assert rig.page_bytes(c.kv, got.kv_indices) == kv_want[:2]
+    assert rig.page_bytes(c.side[PoolName.INDEXER], got.side_indices[PoolName.INDEXER]) == ix_want[:2]
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_swa_beside_an_mla_kv_pool_backs_up_and_prefetches(kv_store, hybrids, layout):
+    """An MLA KV pool with a sliding-window pool, which SGLang builds as a second MLA host
+    pool: both replicated across TP ranks (``tp1``); a window over pages 3-4 of 4 makes
+    length 4 usable and loads byte-exact, with the KV pages, in a second instance."""
+    store, prefix = kv_store
+    extra = rig.extra_config(store, prefix)
+    a = hybrids(layout, extra, swa(layout, mla=True), anchor=rig.mla_pools)
+    assert a.backend.namespace.startswith(f"sglang/o-m/mla-{layout}-") and a.backend.namespace.endswith("/tp1")
+    assert a.backend.side_pools["swa"].startswith(f"sglang/o-m/swa-{layout}-p16-")
+    assert a.backend.side_pools["swa"].endswith("/tp1")
+    toks = rig.tokens(4, salt=42)
+    keys = rig.page_keys(toks)
+    kv_idx, kv_want = filled(a.kv, 4, seed=42)
+    s_idx, s_want = filled(a.side[PoolName.SWA], 2, seed=43)
+    backup_with_side(a, toks, kv_idx, PoolName.SWA, s_idx, keys[2:4])
+
+    b = hybrids(layout, extra, swa(layout, mla=True), anchor=rig.mla_pools)
+    got = rig.hybrid_prefetch(b, "r", toks, placeholder(PoolName.SWA, 2))
+    assert (got.hit, got.restorable, got.loaded) == (4, [4], 4)
+    assert got.pool_hits == {"swa": 2}
+    assert rig.page_bytes(b.kv, got.kv_indices) == kv_want
+    assert rig.page_bytes(b.side[PoolName.SWA], got.side_indices[PoolName.SWA]) == s_want
+
+
+def test_connections_cut_under_a_mamba_hybrid_never_yield_wrong_pages(kv_store, hybrids):
+    """As test_sglang.py's fault-proxy test (on the S3 servers only: it cuts connections to
+    one), for a model with Mamba state and a sliding window beside its KV pool: the fault
+    proxy resets a connection every 200 KiB of traffic while SGLang's hybrid controller
+    backs up 8 sequences (3 KV pages, the Mamba state at the last, the SWA window of the
+    last two) and prefetches them. No prefetch, during the faults or after, lands a wrong
+    byte in any pool; once the faults stop, every page each pool reported stored loads
+    byte-exact, and a sequence every pool stored whole prefetches whole."""
+    from fault_proxy import FaultProxy
+
+    store, prefix = kv_store
+    if store.get("type") != "s3":
+        pytest.skip("cuts the connections to an S3 server")
+    proxy = FaultProxy(int(store["endpoint_override"].rsplit(":", 1)[1]))
+    layout = "page_first"
+    sides = lambda: {**mamba(), **swa(layout)}  # noqa: E731
+    wanted = lambda: placeholder(PoolName.MAMBA, 1) + placeholder(PoolName.SWA, 2)  # noqa: E731
+    try:
+        through = rig.extra_config(dict(store, endpoint_override=proxy.endpoint), prefix)
+        a = hybrids(layout, through, sides(), size=1024)
+        proxy.cut_every = 200 * 1024
+        sequences = []
+        for seq in range(8):
+            toks = rig.tokens(3, salt=100 + seq)
+            keys = rig.page_keys(toks)
+            kv_idx, kv_want = filled(a.kv, 3, seed=100 + seq)
+            m_idx, m_want = filled(a.side[PoolName.MAMBA], 1, seed=200 + seq)
+            s_idx, s_want = filled(a.side[PoolName.SWA], 2, seed=300 + seq)
+            side = [PoolTransfer(name=PoolName.MAMBA, host_indices=m_idx, keys=keys[2:], hit_policy=TRAILING),
+                    PoolTransfer(name=PoolName.SWA, host_indices=s_idx, keys=keys[1:], hit_policy=TRAILING)]
+            _, done, stored = rig.hybrid_backup(a, kv_idx, toks, side)
+            # Each pool's pages, their bytes, and how many of them (from the first) it stored.
+            pools = {PoolName.KV: (keys, kv_want, done),
+                     PoolName.MAMBA: (keys[2:], m_want, stored.get(PoolName.MAMBA, 0)),
+                     PoolName.SWA: (keys[1:], s_want, stored.get(PoolName.SWA, 0))}
+            sequences.append((toks, pools))
+        b = hybrids(layout, through, sides(), size=1024)
+        for i, (toks, pools) in enumerate(sequences):
+            got = rig.hybrid_prefetch(b, f"during-{i}", toks, wanted())
+            assert_loaded_exact(b, got, pools)
+        cuts = proxy.cuts
+        proxy.cut_every = 0
+        assert cuts > 0, f"no connection was cut in {proxy.connections}"
+
+        c = hybrids(layout, rig.extra_config(store, prefix), sides(), size=1024)
+        for i, (toks, pools) in enumerate(sequences):
+            for name, (keys, want, n) in pools.items():
+                assert loads_exact(c, name, keys[:n]) == want[:n], f"sequence {i}: {name}"
+            got = rig.hybrid_prefetch(c, f"after-{i}", toks, wanted())
+            assert_loaded_exact(c, got, pools)
+            if all(n == len(keys) for keys, _, n in pools.values()):
+                assert (got.hit, got.loaded, got.pool_hits) == (3, 3, {"mamba": 1, "swa": 2}), f"sequence {i}"
+    finally:
+        proxy.close()
+
+
+def assert_loaded_exact(h, got, pools):
+    """What a hybrid prefetch loaded is byte-exact in every pool: the KV pages loaded and,
+    where the side pools were read (the whole hit loaded, which can only be all 3 pages
+    here: the Mamba state is saved at page 3 alone), their pages."""
+    kv_keys, kv_want, _ = pools[PoolName.KV]
+    assert got.loaded <= got.hit
+    assert rig.page_bytes(h.kv, got.kv_indices)[: got.loaded] == kv_want[: got.loaded]
+    for name, n in got.pool_hits.items():
+        assert got.hit == 3
+        _, want, _ = pools[PoolName(name)]
+        assert rig.page_bytes(h.side[PoolName(name)], got.side_indices[PoolName(name)])[:n] == want[:n]
+    h.kv.free(got.kv_indices)
+    for name, indices in got.side_indices.items():
+        if indices is not None:
+            h.side[name].free(indices)
+
+
+def loads_exact(h, name, keys):
+    """The pages of pool ``name`` stored under ``keys``, loaded by the backend
+    (``batch_get_v2``) into fresh pages of the pool: their bytes; asserts every load
+    succeeded."""
+    if not keys:
+        return []
+    host = h.kv if name == PoolName.KV else h.side[name]
+    indices = host.alloc(len(keys) * host.page_size)
+    assert indices is not None
+    try:
+        done = h.backend.batch_get_v2([PoolTransfer(name=name, keys=list(keys), host_indices=indices)])
+        assert done[name] == [True] * len(keys), (name, done)
+        return rig.page_bytes(host, indices)
+    finally:
+        host.free(indices)

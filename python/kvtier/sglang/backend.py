@@ -56,6 +56,9 @@ except ImportError:  # pragma: no cover - exercised only without SGLang
 #: How long ``batch_exists`` waits for the store before treating the unanswered keys as
 #: absent (SGLang then recomputes them).
 EXISTS_TIMEOUT_S = 30.0
+#: Threads of a backend that run its side pools' existence checks beside the calling
+#: thread's (``batch_exists_v2``): one per side pool of the largest SGLang groups.
+CHECK_THREADS = 6
 #: How long a store or load waits for its job. Longer than any job the library lets run:
 #: its own request timeouts and retries end every job first.
 JOB_TIMEOUT_S = 600.0
@@ -239,6 +242,7 @@ class KvtierStorage(_Base):
         self._results: _Results | None = None
         #: Side pools by SGLang's pool name (``mamba``, ``swa``, ``indexer``, ...).
         self._side: dict[str, _Pool] = {}
+        self._checks = None  # ThreadPoolExecutor of the side pools' existence checks
         self._metrics_lock = threading.Lock()
         self._prefetch_pgs: list = []
         self._backup_pgs: list = []
@@ -474,11 +478,14 @@ class KvtierStorage(_Base):
         kv_pages = self.batch_exists(keys, extra_info)
         hit_count: dict = {PoolName.KV: kv_pages} if kv_pages else {}
         restorable = list(range(1, kv_pages + 1))
-        for t in pool_transfers or []:
+        transfers = list(pool_transfers or []) if kv_pages else []
+        # Every pool's check at once (one round trip after the KV pool's, not one each).
+        presence = self._present_all([_pool_name(t.name) for t in transfers], keys[:kv_pages])
+        for t in transfers:
             if not restorable:
                 break
             name = _pool_name(t.name)
-            present = self._present(name, keys[:kv_pages])
+            present = presence[name]
             policy = _pool_name(t.hit_policy)
             if policy == PoolHitPolicy.ALL_PAGES.value:
                 boundary = present.index(False) if False in present else kv_pages
@@ -497,6 +504,45 @@ class KvtierStorage(_Base):
                 hit_count[t.name] = boundary
             restorable = [length for length in restorable if length in pool_restorable]
         return PoolTransferResult(restorable[-1] if restorable else 0, hit_count, restorable)
+
+    def _present_all(self, names: List[str], keys: List[str]) -> dict[str, list[bool]]:
+        """:meth:`_present` of each pool of ``names`` (each once), the pools' checks
+        running concurrently: one on the calling thread, the others on the backend's
+        check threads (each check blocks in the library, without the GIL)."""
+        unique = list(dict.fromkeys(names))
+        if len(unique) <= 1:
+            return {name: self._present(name, keys) for name in unique}
+        futures = {}
+        for name in unique[1:]:
+            try:
+                futures[name] = self._check_pool().submit(self._present, name, keys)
+            except RuntimeError:  # the backend is closing: its tiers answer absent anyway
+                break
+        found = {unique[0]: self._present(unique[0], keys)}
+        for name in unique[1:]:
+            future = futures.get(name)
+            if future is None:
+                found[name] = self._present(name, keys)
+                continue
+            try:
+                # Each check ends within EXISTS_TIMEOUT_S; the margin covers a wait for a
+                # thread when several of SGLang's threads ask at once.
+                found[name] = future.result(timeout=2 * EXISTS_TIMEOUT_S)
+            except Exception as exc:  # not answered in time: absent (SGLang recomputes)
+                logger.warning("kvtier.sglang: batch_exists_v2 of the %s pool: %r", name, exc)
+                found[name] = [False] * len(keys)
+        return found
+
+    def _check_pool(self):
+        """The threads that run side pools' existence checks (made on first use)."""
+        with self._lock:
+            if self.tier is None:
+                raise RuntimeError("the backend is closed")
+            if self._checks is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._checks = ThreadPoolExecutor(max_workers=CHECK_THREADS, thread_name_prefix="kvtier-sglang-exists")
+            return self._checks
 
     def _present(self, name: str, keys: List[str]) -> list[bool]:
         """Whether side pool ``name`` holds each of ``keys`` (one check of them all)."""
@@ -611,7 +657,11 @@ class KvtierStorage(_Base):
 
     def close(self) -> None:
         """Waits for the jobs in flight, then shuts the tier down. Idempotent."""
-        tier, self.tier = self.tier, None
+        with self._lock:
+            checks, self._checks = self._checks, None
+            tier, self.tier = self.tier, None
+        if checks is not None:
+            checks.shutdown(wait=True)
         side, self._side = list(self._side.values()), {}
         for pool in side:
             pool.close()
