@@ -272,6 +272,7 @@ def test_the_hit_query_over_three_side_pools_keeps_each_pools_verdict(kv_store, 
         _, done, stored = rig.hybrid_backup(a, kv_idx[part.start * rig.PAGE:part.stop * rig.PAGE],
                                             toks[: part.stop * rig.PAGE], side, prefix_keys=prefix_keys)
         assert (done, stored) == (3, {PoolName.MAMBA: 1, PoolName.SWA: 2, PoolName.DRAFT: 3})
+    draft_want = rig.page_bytes(a.side[PoolName.DRAFT], kv_idx)
     query = placeholder(PoolName.MAMBA, 1) + placeholder(PoolName.SWA, 2) + [
         PoolTransfer(name=PoolName.DRAFT, hit_policy=PoolHitPolicy.ALL_PAGES, indices_from_pool=PoolName.KV)]
     result = a.backend.batch_exists_v2(keys, query)
@@ -296,6 +297,7 @@ def test_the_hit_query_over_three_side_pools_keeps_each_pools_verdict(kv_store, 
         PoolTransfer(name=PoolName.DRAFT, hit_policy=PoolHitPolicy.ALL_PAGES, indices_from_pool=PoolName.KV)])
     assert (got.hit, got.restorable, got.loaded) == (3, [3], 3)
     assert got.pool_hits == {"mamba": 1, "swa": 2}
+    assert rig.page_bytes(b.side[PoolName.DRAFT], got.side_indices[PoolName.DRAFT]) == draft_want[:3]
 
 
 def test_a_side_pool_never_reads_another_pools_or_geometrys_bytes(kv_store, hybrids):
