@@ -89,10 +89,27 @@ class CounterGrowth:
 
     def __init__(self, names: Iterable[str]):
         self._reported = dict.fromkeys(names, 0)
+        # The same counters in ``kvt_stats``'s order, for snapshots taken as raw bytes.
+        self._order = tuple(self._reported)
+        self._values: tuple[int, ...] | None = None
+
+    def since_last_values(self, values: tuple[int, ...]) -> dict[str, int]:
+        """:meth:`since_last` for the totals ``values``, in the order of the names given
+        (``kvt_stats``'s): one comparison of tuples, and a pass only over what grew."""
+        before = self._values
+        if before is None:
+            before = tuple(self._reported[name] for name in self._order)
+        self._values = values
+        if values == before:
+            return {}
+        return {name: now - was for name, now, was in zip(self._order, values, before) if now != was}
 
     def since_last(self, totals: Mapping[str, int]) -> dict[str, int]:
         """Each counter's growth since the previous call (counters that did not grow are
         left out), remembering ``totals`` as reported."""
+        if self._values is not None:  # reported last through since_last_values
+            self._reported.update(zip(self._order, self._values))
+            self._values = None
         grown = {}
         for name, before in self._reported.items():
             now = totals[name]

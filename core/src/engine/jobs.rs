@@ -25,6 +25,8 @@ pub(crate) struct JobTable {
     /// Every job id submitted and not yet handed out by `poll`.
     pub(crate) jobs: FxHashMap<u64, Phase>,
     pub(crate) running: usize,
+    /// Callers waiting in `drain` for `running` to reach 0 (woken by finishing jobs).
+    pub(crate) draining: usize,
     /// Memory registered besides the pool. Under the table's lock, so that a region is
     /// never removed between a submit resolving a range of it and holding that range.
     pub(crate) regions: Regions,
@@ -71,9 +73,9 @@ impl JobTable {
     }
 }
 
-/// Readable exactly while results wait to be polled. Both sides change it under the job
-/// table lock: `finish` raises it when the queue turns non-empty, `poll` clears it when it
-/// empties the queue, so the caller pays at most one syscall per poll.
+/// Readable exactly while results wait to be polled: `finish` raises it when the queue
+/// turns non-empty, `poll` clears it when it empties the queue, both through
+/// `TierState::sync_ready`, so the caller pays at most one syscall per poll.
 pub(crate) struct ReadyFd(RawFd);
 
 impl ReadyFd {

@@ -72,6 +72,9 @@ pub(crate) struct TierState {
     table_changed: Condvar,
     results_tx: Sender<JobResult>,
     ready: ReadyFd,
+    /// Whether `ready` is raised; its lock orders the raises and clears (see
+    /// [`TierState::sync_ready`]).
+    ready_raised: Mutex<bool>,
     closing: AtomicBool,
     answers_tx: Sender<Vec<Existence>>,
     stats: stats::Stats,
@@ -144,12 +147,32 @@ impl TierState {
                 return;
             }
         }
-        if self.results_tx.is_empty() {
-            self.ready.raise();
-        }
         let _ = self.results_tx.send(result);
+        let drained = table.draining > 0;
         drop(table);
-        self.table_changed.notify_all();
+        // Outside the table's lock: the wake-up of a caller waiting on the fd is not paid
+        // while the caller's next submit or poll waits for the lock.
+        self.sync_ready();
+        if drained {
+            self.table_changed.notify_all();
+        }
+    }
+
+    /// Makes the ready fd readable exactly when results wait: whoever changed the queue
+    /// (a finish adding to it, a poll taking from it) calls this afterwards, so the last
+    /// call sees the queue as it stays, and its lock keeps a raise and a clear from
+    /// crossing. The caller pays at most one syscall per poll that empties the queue.
+    fn sync_ready(&self) {
+        let mut raised = self.ready_raised.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting = !self.results_tx.is_empty();
+        if waiting != *raised {
+            if waiting {
+                self.ready.raise();
+            } else {
+                self.ready.clear();
+            }
+            *raised = waiting;
+        }
     }
 }
 
@@ -237,6 +260,7 @@ impl Tier {
             table_changed: Condvar::new(),
             results_tx,
             ready: ReadyFd::new()?,
+            ready_raised: Mutex::new(false),
             closing: AtomicBool::new(false),
             answers_tx,
             stats: stats::Stats::default(),
@@ -320,10 +344,10 @@ impl Tier {
                 Err(_) => break,
             }
         }
-        if !out.is_empty() && self.results_rx.is_empty() {
-            self.shared.ready.clear();
-        }
         drop(table);
+        if !out.is_empty() {
+            self.shared.sync_ready();
+        }
         self.after_poll(&out);
         out
     }
@@ -673,10 +697,15 @@ impl Tier {
     pub fn drain(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut table = self.shared.table();
-        while table.running > 0 {
+        // Finishing jobs wake this wait only while it is counted.
+        table.draining += 1;
+        let drained = loop {
+            if table.running == 0 {
+                break Ok(());
+            }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::new(
+                break Err(Error::new(
                     Status::Timeout,
                     format!(
                         "{} jobs still in flight after {} ms",
@@ -691,8 +720,9 @@ impl Tier {
                 .wait_timeout(table, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
-        }
-        Ok(())
+        };
+        table.draining -= 1;
+        drained
     }
 
     pub(crate) fn with_runtime<R>(&self, f: impl FnOnce(&Runtime) -> R) -> Option<R> {

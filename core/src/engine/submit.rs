@@ -52,11 +52,11 @@ impl Tier {
         block_ids: &[u64],
         keys: KeyBatch,
     ) -> Result<()> {
-        self.admit(kind, job_id, &keys)?;
+        let submitted = self.admit(kind, job_id, &keys)?;
         let held = self
             .prepare(&keys)
             .and_then(|()| self.hold_blocks(kind, job_id, block_ids, &keys));
-        self.launch_held(kind, job_id, keys, held)
+        self.launch_held(kind, job_id, keys, held, submitted)
     }
 
     /// Submits a job moving `keys[i]` to or from the memory
@@ -73,11 +73,11 @@ impl Tier {
         ranges_per_key: usize,
         keys: KeyBatch,
     ) -> Result<()> {
-        self.admit(kind, job_id, &keys)?;
+        let submitted = self.admit(kind, job_id, &keys)?;
         let held = self
             .prepare(&keys)
             .and_then(|()| self.hold_ranges(kind, job_id, ranges, ranges_per_key, &keys));
-        self.launch_held(kind, job_id, keys, held)
+        self.launch_held(kind, job_id, keys, held, submitted)
     }
 
     fn launch_held(
@@ -86,9 +86,10 @@ impl Tier {
         job_id: u64,
         keys: KeyBatch,
         held: Result<Vec<BlockMemory>>,
+        submitted: Instant,
     ) -> Result<()> {
         match held {
-            Ok(memory) => self.launch(kind, job_id, memory, keys),
+            Ok(memory) => self.launch(kind, job_id, memory, keys, submitted),
             Err(e) => {
                 self.fail_admitted(job_id, kind, keys, &e);
                 Err(e)
@@ -156,7 +157,9 @@ impl Tier {
         error
     }
 
-    fn admit(&self, kind: JobKind, job_id: u64, keys: &KeyBatch) -> Result<()> {
+    /// Enters the job in the table; returns when it was submitted.
+    fn admit(&self, kind: JobKind, job_id: u64, keys: &KeyBatch) -> Result<Instant> {
+        let submitted = Instant::now();
         let mut table = self.shared.table();
         if table.jobs.contains_key(&job_id) {
             return Err(Error::new(
@@ -171,11 +174,11 @@ impl Tier {
             Phase::Running {
                 kind,
                 keys: keys.clone(),
-                submitted: Instant::now(),
+                submitted,
             },
         );
         table.running += 1;
-        Ok(())
+        Ok(submitted)
     }
 
     fn fail_admitted(&self, job_id: u64, kind: JobKind, keys: KeyBatch, error: &Error) {
@@ -234,11 +237,19 @@ impl Tier {
             pool.check_block(block)?;
         }
         let memory: Vec<BlockMemory> = block_ids.iter().map(|&b| pool.block(b)).collect();
-        let pieces: Vec<Piece> = memory.iter().flat_map(|m| m.pieces()).copied().collect();
+        // A block is one piece: a job of one key holds its block's own slice.
+        let gathered: Vec<Piece>;
+        let pieces = match memory.as_slice() {
+            [one] => one.pieces(),
+            _ => {
+                gathered = memory.iter().flat_map(|m| m.pieces()).copied().collect();
+                &gathered
+            }
+        };
         self.shared
             .table()
             .holds
-            .hold(kind, job_id, &pieces, &[])
+            .hold(kind, job_id, pieces, &[])
             .map_err(|c| {
                 let block = block_ids[c.piece];
                 if c.job_id == job_id {
@@ -330,6 +341,7 @@ impl Tier {
         job_id: u64,
         memory: Vec<BlockMemory>,
         keys: KeyBatch,
+        submitted: Instant,
     ) -> Result<()> {
         let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
         let Some(runtime) = runtime.as_ref() else {
@@ -339,7 +351,6 @@ impl Tier {
         };
         let shared = self.shared.clone();
         let fence = self.shared.caller_memory.clone();
-        let submitted = Instant::now();
         let job = async move {
             let job = transfer::run_job(
                 shared.clone(),
@@ -363,12 +374,33 @@ impl Tier {
         };
         // Every poll of the job runs inside the fence on caller memory (a load writes the
         // block in its polls): once shutdown closed it, the job is dropped unpolled, and
-        // shutdown reports it.
-        let mut job = Box::pin(job);
-        runtime.spawn(std::future::poll_fn(move |cx| match fence.enter() {
-            Some(_inside) => std::future::Future::poll(job.as_mut(), cx),
-            None => std::task::Poll::Ready(()),
-        }));
+        // shutdown reports it. The job lives in the task itself: one allocation a job.
+        runtime.spawn(Fenced { fence, job });
         Ok(())
+    }
+}
+
+/// A job's future, polled only inside the fence on caller memory; ready, unpolled, once
+/// the fence is closed.
+struct Fenced<F> {
+    fence: Arc<CallerMemoryFence>,
+    job: F,
+}
+
+impl<F: std::future::Future<Output = ()>> std::future::Future for Fenced<F> {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        // SAFETY: `job` is pinned with `self` (structural pinning): it is never moved out
+        // of `self`, `Fenced` has no Drop of its own and is not Unpin unless `F` is.
+        let this = unsafe { self.get_unchecked_mut() };
+        match this.fence.enter() {
+            // SAFETY: as above; `this.job` stays where it is.
+            Some(_inside) => unsafe { std::pin::Pin::new_unchecked(&mut this.job) }.poll(cx),
+            None => std::task::Poll::Ready(()),
+        }
     }
 }

@@ -18,7 +18,8 @@ from .._engine_adapter import CounterGrowth, FinishedJob, JobBook, LookupMirror,
 from ..errors import ConfigError, ForkedError, KvtierError, TimedOutError
 from ..tier import JobKind, Tier
 from ..tier import LookupResult as _KvtLookup
-from ..tier import stats_dict
+from ..tier import stats_dict, stats_values
+from .._native import STATS_FIELDS
 from ..tier import version as kvtier_version
 from . import metrics
 from ._shims import (
@@ -118,6 +119,9 @@ class KvtierTier(SecondaryTierBase):
         self._req_ids: dict[Any, int] = {}
         self._next_req_id = itertools.count(1)
         self._counters = CounterGrowth(metrics.stat_help())
+        # The library's counters and the binding's ``kvt_stats`` layout name the same
+        # counters in the same order (one library): growth is then taken from the raw tuple.
+        self._counters_in_stats_order = tuple(metrics.stat_help()) == tuple(STATS_FIELDS)
         self._stats_seen: bytes | None = None  # kvt_stats's bytes at the last report
 
         if not isinstance(prefix, str):
@@ -343,6 +347,9 @@ class KvtierTier(SecondaryTierBase):
             return None
         if raw == self._stats_seen:
             grown = {}  # nothing grew: the counters are not read one by one
+        elif self._counters_in_stats_order:
+            grown = self._counters.since_last_values(stats_values(raw))
+            self._stats_seen = raw
         else:
             grown = self._counters.since_last(stats_dict(raw))
             self._stats_seen = raw
