@@ -18,6 +18,7 @@ use futures::StreamExt;
 use super::events::KvEvent;
 use super::job::KeyBatch;
 use super::TierState;
+use super::{is_tier_thread, runtime, Tier, MAX_KEYS_PER_JOB};
 use crate::config::EvictionConfig;
 use crate::error::{Error, Result, Status};
 use crate::store::object_path;
@@ -283,6 +284,85 @@ pub(crate) fn emit_removed(shared: &TierState, keys: &[Vec<u8>]) {
                 removed: true,
             });
         }
+    }
+}
+
+/// The eviction calls of a tier: a round now, clear, and deletes named by the host.
+impl Tier {
+    /// Runs one eviction round now (the background task runs them every
+    /// `eviction.interval_ms`) and waits for it. `State` if the tier has no `eviction`.
+    pub fn evict_now(&self) -> Result<EvictionReport> {
+        let Some(config) = self.shared.config.eviction.clone() else {
+            return Err(Error::state("the tier has no eviction configured"));
+        };
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(rt, async move {
+                round(&shared, &config, Reach::Namespace).await
+            })
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "evict_now after shutdown")))
+    }
+
+    /// Deletes every block under the tier's prefix and namespace, at any depth (the
+    /// objects there whose name is a block's name; nothing else), as an eviction round
+    /// with no byte budget: the namespace's blocks and those of the namespaces below it;
+    /// with an empty prefix and namespace, every block of the bucket. Each deleted block of
+    /// the tier's own namespace is a BlockRemoved event and is forgotten, so a later store
+    /// uploads it again. Works with or without `eviction` configured.
+    pub fn clear(&self) -> Result<EvictionReport> {
+        let everything = crate::config::EvictionConfig {
+            max_bytes: Some(0),
+            max_age_s: None,
+            interval_ms: 0,
+        };
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(rt, async move {
+                round(&shared, &everything, Reach::Below).await
+            })
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "clear after shutdown")))
+    }
+
+    /// Deletes the blocks of `keys` now and waits for it (for hosts whose own eviction
+    /// names the blocks to drop, as LMCache's does). Each block whose object is gone
+    /// afterwards, deleted or absent already, is a BlockRemoved event and is forgotten, so
+    /// a later store uploads it again; a block whose delete failed stays and is not
+    /// counted. Reports `objects` (blocks asked) and `deleted` (blocks gone); its byte
+    /// counts are 0 (sizes are not known without a listing). Other tiers' loads of a
+    /// deleted block fail alone with NotFound.
+    pub fn delete_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<EvictionReport> {
+        if self.is_shut_down() {
+            return Err(Error::new(Status::ShutDown, "delete after shutdown"));
+        }
+        if is_tier_thread(&std::thread::current()) {
+            return Err(Error::invalid(
+                "delete blocks, so it must not be called from one of the tier's threads",
+            ));
+        }
+        if keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::invalid(format!(
+                "a delete has at most {MAX_KEYS_PER_JOB} keys; this one has {}",
+                keys.len()
+            )));
+        }
+        let mut owned = Vec::with_capacity(keys.len());
+        let mut names = Vec::with_capacity(keys.len());
+        for key in keys {
+            let key = key.as_ref();
+            self.check_key(key)?;
+            names.push(self.shared.layout.object_name(key)?);
+            owned.push(key.to_vec());
+        }
+        let shared = self.shared.clone();
+        self.with_runtime(|rt| {
+            runtime::block_on_caller_thread(
+                rt,
+                async move { delete_named(&shared, owned, names).await },
+            )
+        })
+        .unwrap_or_else(|| Err(Error::new(Status::ShutDown, "delete after shutdown")))
     }
 }
 
