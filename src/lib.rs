@@ -78,7 +78,7 @@ pub use submit::*;
 pub use teardown::*;
 
 use info::config_text;
-use out::{check_outputs, reset_count, status_of, write_text};
+use out::{check_outputs, key_array, reset_count, status_of, write_text};
 
 /// Bytes of the group index at the end of every key (big-endian).
 pub const KVT_KEY_GROUP_BYTES: usize = 4;

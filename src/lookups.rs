@@ -71,11 +71,9 @@ pub unsafe extern "C" fn kvt_tier_lookup_batch(
         if num_keys == 0 {
             return Ok(());
         }
-        if req_ids.is_null() || keys.is_null() || out_results.is_null() {
+        if req_ids.is_null() || out_results.is_null() {
             let what = if req_ids.is_null() {
                 "req_ids"
-            } else if keys.is_null() {
-                "keys"
             } else {
                 "out_results"
             };
@@ -84,20 +82,11 @@ pub unsafe extern "C" fn kvt_tier_lookup_batch(
                 format!("{what} is NULL with num_keys = {num_keys}"),
             ));
         }
-        kvtier_core::key::check_key_len(key_len)?;
-        if num_keys > kvtier_core::MAX_KEYS_PER_JOB {
-            return Err(Error::invalid(format!(
-                "num_keys is {num_keys}; a lookup batch has at most {} keys",
-                kvtier_core::MAX_KEYS_PER_JOB
-            )));
-        }
-        // SAFETY: non-NULL (checked above) and `num_keys` readable ids and `key_len *
-        // num_keys` readable bytes by the header's contract; both are bounded (checked
-        // above), so the product fits.
+        // SAFETY: the header's contract for `keys`.
+        let keys = unsafe { key_array(keys, key_len, num_keys, "a lookup batch") }?;
+        // SAFETY: non-NULL (checked above) and `num_keys` readable ids by the header's
+        // contract; `num_keys` is bounded (key_array checked it).
         let requests = unsafe { std::slice::from_raw_parts(req_ids, num_keys) };
-        // SAFETY: as above.
-        let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
-        let keys: Vec<&[u8]> = bytes.chunks_exact(key_len).collect();
         let verdicts = handle.tier.lookup_batch(requests, &keys)?;
         // SAFETY: non-NULL (checked above) and `num_keys` writable results by the header's
         // contract; `verdicts` has one per key.
@@ -170,27 +159,14 @@ pub unsafe extern "C" fn kvt_tier_check_now(
         if num_keys == 0 {
             return Ok(());
         }
-        if keys.is_null() || out_results.is_null() {
+        if out_results.is_null() {
             return Err(Error::new(
                 Status::NullArgument,
-                if keys.is_null() {
-                    format!("keys is NULL with num_keys = {num_keys}")
-                } else {
-                    format!("out_results is NULL with num_keys = {num_keys}")
-                },
+                format!("out_results is NULL with num_keys = {num_keys}"),
             ));
         }
-        kvtier_core::key::check_key_len(key_len)?;
-        if num_keys > kvtier_core::MAX_KEYS_PER_JOB {
-            return Err(Error::invalid(format!(
-                "num_keys is {num_keys}; a check has at most {} keys",
-                kvtier_core::MAX_KEYS_PER_JOB
-            )));
-        }
-        // SAFETY: non-NULL (checked above) and `key_len * num_keys` readable bytes by the
-        // header's contract; both are bounded (checked above), so the product fits.
-        let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
-        let keys: Vec<&[u8]> = bytes.chunks_exact(key_len).collect();
+        // SAFETY: the header's contract for `keys`.
+        let keys = unsafe { key_array(keys, key_len, num_keys, "a check") }?;
         let verdicts = handle
             .tier
             .check_now(&keys, Duration::from_millis(timeout_ms))?;

@@ -72,3 +72,37 @@ pub(crate) fn status_of(result: kvtier_core::Result<()>) -> Status {
         }
     }
 }
+
+/// The `num_keys` keys of `key_len` bytes each, back to back at `keys` (`what` names the
+/// call in errors): NULL with `num_keys > 0`, a `key_len` outside the library's bounds or
+/// more than KVT_MAX_KEYS_PER_JOB keys is an error; no keys is an empty list.
+///
+/// # Safety
+/// `keys` is NULL or points to `key_len * num_keys` readable bytes that outlive the list.
+pub(crate) unsafe fn key_array<'a>(
+    keys: *const u8,
+    key_len: usize,
+    num_keys: usize,
+    what: &str,
+) -> Result<Vec<&'a [u8]>, Error> {
+    if num_keys == 0 {
+        return Ok(Vec::new());
+    }
+    if keys.is_null() {
+        return Err(Error::new(
+            Status::NullArgument,
+            format!("keys is NULL with num_keys = {num_keys}"),
+        ));
+    }
+    kvtier_core::key::check_key_len(key_len)?;
+    if num_keys > kvtier_core::MAX_KEYS_PER_JOB {
+        return Err(Error::invalid(format!(
+            "num_keys is {num_keys}; {what} has at most {} keys",
+            kvtier_core::MAX_KEYS_PER_JOB
+        )));
+    }
+    // SAFETY: non-NULL (checked above) and `key_len * num_keys` readable bytes by the
+    // caller's contract; both are bounded (checked above), so the product fits.
+    let bytes = unsafe { std::slice::from_raw_parts(keys, key_len * num_keys) };
+    Ok(bytes.chunks_exact(key_len).collect())
+}

@@ -1,7 +1,6 @@
 //! Pins: blocks a host has promised a reader, which the tier's own eviction keeps.
 
 use super::*;
-use events::key_array;
 
 /// Pins the blocks of `num_keys` keys (`key_len` bytes each, back to back in `keys`): the
 /// tier's own eviction (the `eviction` rounds and kvt_tier_evict_now) keeps them until

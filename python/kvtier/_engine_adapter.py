@@ -450,6 +450,8 @@ class LookupMirror:
     # -- the engine's calls ----------------------------------------------------------
 
     def lookup(self, rid: int, key: bytes) -> Any:
+        # The scheduler calls this once per key per step: the request's bookkeeping is
+        # written out in both branches, a method call costing as much as the rest.
         holders = self._holders.get(key)
         if holders is None:
             if len(key) not in self._lengths or self._forked:

@@ -6,6 +6,7 @@ host pool directly, as a finished device-to-host copy would leave them.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -16,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 PAGE = 16  # tokens per page (the default; a pool's own page_size is what counts)
@@ -25,6 +27,30 @@ HEADS = 4
 HEAD_DIM = 64
 # Short: the model is part of every object name (see conftest.S3S_FS_MAX_KEY_BYTES).
 MODEL = "o/m"
+
+
+# -- fixtures the SGLang suites share (imported into their modules) ----------------------
+
+
+@pytest.fixture(autouse=True)
+def root_logging_restored():
+    """SGLang configures the root logger as a server would (its argument parsing sets the
+    INFO level and a stderr handler); put it back, so that the tests run later see the
+    logging configuration they started with (test_observability checks kvtier's default
+    level)."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+@pytest.fixture
+def kv_store(store):
+    """The session store as kvtier's ``store`` section (the S3 configs are vLLM-shaped)."""
+    from kvtier.vllm.config import build_tier_config
+
+    return build_tier_config(store.store_config, prefix=store.prefix)["store"], store.prefix
 
 
 _model_dir: str | None = None

@@ -8,7 +8,6 @@ device-to-host copies, which need a GPU, are left out.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
@@ -17,29 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.managers.cache_controller")
 
 import sglang_rig as rig  # noqa: E402
+from sglang_rig import kv_store, root_logging_restored  # noqa: E402,F401 (fixtures)
 
 MHA_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
-
-
-@pytest.fixture(autouse=True)
-def root_logging_restored():
-    """SGLang configures the root logger as a server would (its argument parsing sets the
-    INFO level and a stderr handler); put it back, so that the tests run later see the
-    logging configuration they started with (test_observability checks kvtier's default
-    level)."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    root.handlers[:] = handlers
-
-
-@pytest.fixture
-def kv_store(store):
-    """The session store as kvtier's ``store`` section (the S3 configs are vLLM-shaped)."""
-    from kvtier.vllm.config import build_tier_config
-
-    return build_tier_config(store.store_config, prefix=store.prefix)["store"], store.prefix
 
 
 @pytest.fixture

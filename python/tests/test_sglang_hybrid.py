@@ -9,7 +9,6 @@ which need a GPU, are left out.
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 
@@ -17,27 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
 
 import sglang_rig as rig  # noqa: E402
+from sglang_rig import kv_store, root_logging_restored  # noqa: E402,F401 (fixtures)
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer  # noqa: E402
 
 TRAILING = PoolHitPolicy.TRAILING_PAGES
-
-
-@pytest.fixture(autouse=True)
-def root_logging_restored():
-    """SGLang configures the root logger as a server would; put it back afterwards."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    root.handlers[:] = handlers
-
-
-@pytest.fixture
-def kv_store(store):
-    """The session store as kvtier's ``store`` section (the S3 configs are vLLM-shaped)."""
-    from kvtier.vllm.config import build_tier_config
-
-    return build_tier_config(store.store_config, prefix=store.prefix)["store"], store.prefix
 
 
 @pytest.fixture
