@@ -133,6 +133,20 @@ class Rig:
         return {"type": "KvtierTier", "module_path": "kvtier.vllm", "store_config": obj, "prefix": "k",
                 "enable_kv_events": True}
 
+    def files(self) -> set[str]:
+        """Every file under the working directory (the stores' objects)."""
+        return {os.path.join(d, f) for d, _, names in os.walk(self.workdir) for f in names}
+
+    def trim(self, kept: set[str]) -> None:
+        """Deletes the files a run stored (everything but ``kept``, the keys stored before the
+        runs), untimed: a run of the store-heavy mix writes over a GiB, and the working
+        directory is in memory."""
+        for path in self.files() - kept:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
@@ -365,11 +379,13 @@ def main(argv=None) -> int:
         for t in tiers:
             log(f"{t}: storing {need} chunks before the runs")
             prepopulate(rig, t, present)
+        kept = rig.files()
         for m in mixes:
             runs: dict[str, list[dict]] = {t: [] for t in tiers}
             for rep in range(args.reps):
                 for t in (tiers if rep % 2 == 0 else tiers[::-1]):
                     r = run_one(rig, t, MIXES[m], present, args)
+                    rig.trim(kept)
                     runs[t].append(r)
                     log(f"{m} {t} rep {rep}: {r['step_cpu_us_mean']:.0f} us/step (p99 {r['step_cpu_us_p99']:.0f}), "
                         f"answer in {r['steps_to_answer_mean']} steps")
@@ -377,6 +393,7 @@ def main(argv=None) -> int:
             if not args.no_calls:
                 for t in tiers:
                     calls[t] = run_one(rig, t, MIXES[m], present, args, instrument=True)["calls"]
+                    rig.trim(kept)
             for t in tiers:
                 results.append({
                     "mix": m, "tier": t, "reps": len(runs[t]),
