@@ -31,7 +31,7 @@ from vllm.v1.kv_offload.file_mapper import FileMapper  # noqa: E402
 
 import kvtier  # noqa: E402
 from kvtier import vllm as kv_vllm  # noqa: E402
-from vllm_engine import Engine  # noqa: E402
+from vllm_engine import Engine, content, kvtier_entry, kvtier_tier  # noqa: E402
 
 MODEL = "org/hybrid"
 
@@ -46,24 +46,12 @@ GROUPS = (
 )
 
 
-def tier_entry(store) -> dict:
-    """The README's secondary_tiers entry, on this test's store."""
-    return {
-        "type": "KvtierTier",
-        "module_path": "kvtier.vllm",
-        "store_config": dict(store.store_config),
-        "prefix": store.prefix,
-        "enable_kv_events": True,
-        "locality": "REMOTE",
-    }
-
-
 @pytest.fixture
 def engines(store):
     made: list[Engine] = []
 
     def make(groups=GROUPS) -> Engine:
-        engine = Engine([tier_entry(store)], model=MODEL, groups=groups)
+        engine = Engine([kvtier_entry(store)], model=MODEL, groups=groups)
         made.append(engine)
         return engine
 
@@ -81,26 +69,15 @@ def keys_of(hashes, groups=GROUPS) -> list[bytes]:
     return [make_offload_key(h, g.group_id) for h in hashes for g in groups]
 
 
-def content(key: bytes, nbytes: int) -> np.ndarray:
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
-    return rng.integers(0, 256, nbytes, dtype=np.uint8)
-
-
-def tier_of(engine: Engine) -> kv_vllm.KvtierTier:
-    (tier,) = engine.tiers
-    assert isinstance(tier, kv_vllm.KvtierTier)
-    return tier
-
-
 def test_the_namespace_is_vllms_obj_tier_namespace_for_every_group(engines):
     engine = engines()
     mapper = FileMapper.from_offloading_spec("", engine.spec, blocks_per_file=1, parallel_agnostic=True)
     # vLLM hashes every group's block size and layers into the namespace.
     assert [g["tokens_per_block"] for g in mapper.get_run_config()["kv_cache_groups"]] == [16, 16, 32, 32]
-    assert tier_of(engine).namespace == f"{mapper.base_path.rsplit('/', 1)[-1]}_r{mapper.rank}"
+    assert kvtier_tier(engine).namespace == f"{mapper.base_path.rsplit('/', 1)[-1]}_r{mapper.rank}"
     # A model of one group is another namespace: its objects are never this one's.
     single = engines(groups=GROUPS[:1])
-    assert tier_of(single).namespace != tier_of(engine).namespace
+    assert kvtier_tier(single).namespace != kvtier_tier(engine).namespace
 
 
 def test_every_group_round_trips_its_own_bytes_through_a_second_engine(engines, store):
@@ -112,7 +89,7 @@ def test_every_group_round_trips_its_own_bytes_through_a_second_engine(engines, 
     assert not np.array_equal(blocks[keys[0]], blocks[keys[1]])
     writer.store("w", blocks)
     writer.settle()
-    assert tier_of(writer).kvtier_stats()["keys_stored"] == len(keys)
+    assert kvtier_tier(writer).kvtier_stats()["keys_stored"] == len(keys)
 
     if store.kind == "local":
         # Named exactly as vLLM's obj tier names the key: <hhh>/<hh>_g<group>/<hash>.bin.
@@ -126,7 +103,7 @@ def test_every_group_round_trips_its_own_bytes_through_a_second_engine(engines, 
     assert set(verdicts.values()) == {LookupResult.HIT}
     for key, row in zip(keys, reader.read(keys, "r")):
         assert np.array_equal(row, blocks[key]), f"group {int.from_bytes(key[-4:], 'big')} of {key[:4].hex()}"
-    assert tier_of(reader).kvtier_stats()["keys_loaded"] == len(keys)
+    assert kvtier_tier(reader).kvtier_stats()["keys_loaded"] == len(keys)
 
 
 def test_a_missing_sliding_window_chunk_misses_alone(engines, store):
@@ -141,7 +118,7 @@ def test_a_missing_sliding_window_chunk_misses_alone(engines, store):
 
     gone = make_offload_key(hashes[1], 1)
     other = kvtier.Tier(
-        kv_vllm.build_tier_config(store.store_config, prefix=store.prefix, namespace=tier_of(writer).namespace)
+        kv_vllm.build_tier_config(store.store_config, prefix=store.prefix, namespace=kvtier_tier(writer).namespace)
     )
     try:
         assert other.delete([gone])["deleted"] == 1

@@ -40,7 +40,8 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 import kvtier  # noqa: E402
 from kvtier import vllm as kv_vllm  # noqa: E402
 from kvtier._native import STATS_FIELDS  # noqa: E402
-from vllm_engine import BLOCK_BYTES, Engine  # noqa: E402
+from vllm_engine import BLOCK_BYTES, Engine, content, kvtier_tier  # noqa: E402
+from vllm_engine import kvtier_entry as tier_entry  # noqa: E402
 
 MODEL = "org/modèle-ü"
 
@@ -48,20 +49,6 @@ MODEL = "org/modèle-ü"
 @pytest.fixture(params=[1, 4], ids=["chunk1", "chunk4"])
 def blocks_per_chunk(request) -> int:
     return request.param
-
-
-def tier_entry(store, **overrides) -> dict:
-    """The README's secondary_tiers entry, on this test's store."""
-    entry = {
-        "type": "KvtierTier",
-        "module_path": "kvtier.vllm",
-        "store_config": dict(store.store_config),
-        "prefix": store.prefix,
-        "enable_kv_events": True,
-        "locality": "REMOTE",
-    }
-    entry.update(overrides)
-    return entry
 
 
 @pytest.fixture
@@ -85,19 +72,8 @@ def chunk_key(i, salt: str) -> bytes:
     return make_offload_key(hashlib.sha256(f"{salt}-{i}".encode()).digest(), 0)
 
 
-def content(key: bytes, nbytes: int) -> np.ndarray:
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
-    return rng.integers(0, 256, nbytes, dtype=np.uint8)
-
-
 def blocks_for(engine: Engine, keys) -> dict[bytes, np.ndarray]:
     return {k: content(k, engine.pool.shape[1]) for k in keys}
-
-
-def kvtier_tier(engine: Engine) -> kv_vllm.KvtierTier:
-    (tier,) = engine.tiers
-    assert isinstance(tier, kv_vllm.KvtierTier)
-    return tier
 
 
 # -- construction by vLLM's factory --------------------------------------------------------

@@ -13,6 +13,7 @@ Needs vLLM (the test tools' venv, scripts/install-tools.sh).
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from typing import Any, Iterable
@@ -79,6 +80,35 @@ def offloading_config(
         ),
         replicated_layout=False,
     )
+
+
+def kvtier_entry(store, **overrides) -> dict:
+    """The README's ``secondary_tiers`` entry for kvtier, on a test's ``store`` (conftest's
+    ``Store``); ``overrides`` replace or add keys."""
+    return {
+        "type": "KvtierTier",
+        "module_path": "kvtier.vllm",
+        "store_config": dict(store.store_config),
+        "prefix": store.prefix,
+        "enable_kv_events": True,
+        "locality": "REMOTE",
+        **overrides,
+    }
+
+
+def content(key: bytes, nbytes: int) -> np.ndarray:
+    """A key's own ``nbytes`` bytes: the same for the same key, in every engine."""
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
+    return rng.integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def kvtier_tier(engine: "Engine") -> Any:
+    """The engine's one secondary tier, which must be kvtier's."""
+    from kvtier.vllm import KvtierTier
+
+    (tier,) = engine.tiers
+    assert isinstance(tier, KvtierTier)
+    return tier
 
 
 class Engine:
