@@ -620,10 +620,13 @@ class LookupMirror:
                 group[1].append(key)
             groups = list(by_length.values())
         holders, verdicts_of, in_flight = self._holders, self._verdicts, self._in_flight
-        as_engine = self._as_engine
+        as_engine, retry = self._as_engine, int(LookupResult.RETRY)
+        # The verdicts' codes where the tier gives them (kvtier's verdicts are IntEnums:
+        # the codes are equal to them and find the same engine verdicts).
+        batch = getattr(self._tier, "_lookup_codes", None) or self._tier.lookup_batch
         for rids, keys in groups:
             try:
-                verdicts = self._tier.lookup_batch(rids, keys)
+                verdicts = batch(rids, keys)
             except KvtierError as exc:
                 self._logger.warning("kvtier lookup failed, answering MISS: %s", exc)
                 for key in keys:
@@ -634,9 +637,12 @@ class LookupMirror:
             for rid, key, verdict in zip(rids, keys, verdicts):
                 if key in holders:
                     # self._learn(rid, key, verdict), written out: once per key of the step
-                    if verdict is LookupResult.RETRY:
+                    if verdict == retry:
                         if key not in in_flight:
                             in_flight[key] = rid
                     else:
-                        verdicts_of[key] = as_engine[verdict]
+                        answer = as_engine.get(verdict)
+                        if answer is None:  # not a verdict: the enum raises as it did
+                            answer = as_engine[LookupResult(verdict)]
+                        verdicts_of[key] = answer
                         in_flight.pop(key, None)

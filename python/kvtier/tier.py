@@ -20,6 +20,7 @@ no result.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import dataclasses
 import enum
@@ -47,6 +48,9 @@ MAX_RANGES_PER_KEY = 4096
 MAX_RANGES_PER_JOB = 1 << 22
 
 _U64_MAX = (1 << 64) - 1
+_U64_ARRAY = array.array
+if _U64_ARRAY("Q").itemsize != 8:  # pragma: no cover - every platform the library builds on
+    raise ImportError("kvtier: array('Q') is not 64-bit here")
 _RANGE_P = ctypes.POINTER(_native.KvtRange)
 _BATCH = 64  # results / events fetched per C call
 
@@ -817,18 +821,29 @@ class Tier:
         """Many :meth:`lookup` calls in one: ``keys[i]`` for request ``req_ids[i]``, one
         verdict each, in order, as asking them one after the other would answer. The keys
         have one length. For engines that gather a step's lookups."""
+        return _lookup_results(self._lookup_codes(req_ids, keys))
+
+    def _lookup_codes(self, req_ids: Sequence[int], keys: Sequence) -> Any:
+        """:meth:`lookup_batch`'s verdicts as their codes (``kvt_lookup_result`` ints, a
+        sequence), for callers that map them on themselves."""
         buf, key_len, num_keys = _key_buffer(keys)
         if not num_keys:
-            return []
+            return ()
         if len(req_ids) != num_keys:
             raise ValueError(f"{len(req_ids)} request ids for {num_keys} keys")
-        ids = (ctypes.c_uint64 * num_keys)(*map(operator.index, req_ids))
+        array_type = ctypes.c_uint64 * num_keys
+        try:
+            # ints as one C array at C speed; anything else (negative ids, which wrap,
+            # objects with __index__) converted one by one as before
+            ids = array_type.from_buffer_copy(_U64_ARRAY("Q", req_ids))
+        except (TypeError, OverflowError, ValueError):
+            ids = array_type(*map(operator.index, req_ids))
         out = (ctypes.c_int * num_keys)()
         with self._h as ptr:
             status = self._lib.kvt_tier_lookup_batch(ptr, ids, buf, key_len, num_keys, out)
         if status:
             _check(status)
-        return _lookup_results(out)
+        return out
 
     def schedule_end(self) -> None:
         """Sends the lookups asked since the last call as one deduplicated batch."""
