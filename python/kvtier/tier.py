@@ -625,17 +625,6 @@ class Tier:
 
     # -- jobs ------------------------------------------------------------------------
 
-    def _submit(self, fn, job_id: int, block_ids: Any, keys: Sequence) -> None:
-        if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
-            job_id = _job_id(job_id)
-        buf, key_len, num_keys = _key_buffer(keys)
-        ids, address = _block_id_array(block_ids, num_keys)
-        with self._h as ptr:
-            status = fn(ptr, job_id, address, buf, key_len, num_keys)
-        del ids  # kept alive through the call
-        if status:
-            _check(status)
-
     def submit_store(self, job_id: int, block_ids: Any, keys: Sequence) -> None:
         """Stores block ``block_ids[i]`` under ``keys[i]``. Never blocks.
 
@@ -643,7 +632,16 @@ class Tier:
         Raises on a rejected job, which still yields its one failed result at the next
         poll (except :class:`DuplicateJobError` and :class:`ForkedError`).
         """
-        self._submit(self._lib.kvt_tier_submit_store, job_id, block_ids, keys)
+        # The same steps as submit_load's, written out in each: no helper call per job.
+        if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
+            job_id = _job_id(job_id)
+        buf, key_len, num_keys = _key_buffer(keys)
+        ids, address = _block_id_array(block_ids, num_keys)
+        with self._h as ptr:
+            status = self._lib.kvt_tier_submit_store(ptr, job_id, address, buf, key_len, num_keys)
+        del ids  # kept alive through the call
+        if status:
+            _check(status)
 
     def submit_load(self, job_id: int, block_ids: Any, keys: Sequence) -> None:
         """Loads ``keys[i]`` into block ``block_ids[i]``. Never blocks.
@@ -651,7 +649,15 @@ class Tier:
         Same contract as :meth:`submit_store`; the blocks must not be touched until the
         result has been polled. A missing or wrong-sized object fails only its key.
         """
-        self._submit(self._lib.kvt_tier_submit_load, job_id, block_ids, keys)
+        if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
+            job_id = _job_id(job_id)
+        buf, key_len, num_keys = _key_buffer(keys)
+        ids, address = _block_id_array(block_ids, num_keys)
+        with self._h as ptr:
+            status = self._lib.kvt_tier_submit_load(ptr, job_id, address, buf, key_len, num_keys)
+        del ids  # kept alive through the call
+        if status:
+            _check(status)
 
     def _ranges_array(self, ranges: Any, num_keys: int):
         """(owner, address, ranges_per_key) of a C array of ``kvt_range``: ``ranges`` is a
