@@ -206,6 +206,22 @@ class _PendingJob:
         return FinishedJob(job_id, self.kind, self.keys, self.ok, self.done, self.nbytes, self.seconds)
 
 
+_OK = Status.OK
+
+# fork() children made so far in this process's line: a book made before the last one
+# holds its parent's tier (counted rather than asking the kernel for the pid per poll).
+_FORKS = 0
+
+
+def _count_fork_in_child() -> None:
+    global _FORKS
+    _FORKS += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork_in_child)
+
+
 def _keys_done(outcome: JobOutcome, keys: list) -> list:
     return [k for k, ok in zip(keys, key_successes(outcome, len(keys))) if ok]
 
@@ -232,7 +248,7 @@ class JobBook:
         # collect with jobs in flight and none finished makes no call into the library.
         self._ready: Any = None
         self._ready_tier: Any = None
-        self._pid = os.getpid()
+        self._forks = _FORKS
 
     def _results_may_wait(self, tier: Tier) -> bool:
         if self._ready_tier is not tier:
@@ -246,7 +262,7 @@ class JobBook:
                 self._ready = None  # no fd: poll the library every time
         ready = self._ready
         # In a fork() child the fd is gone (the library closed it): the library answers.
-        return ready is None or os.getpid() != self._pid or bool(ready.poll(0))
+        return ready is None or _FORKS != self._forks or bool(ready.poll(0))
 
     def submit(self, tier: Tier | None, kind: JobKind, job_id: int, keys: Iterable, slots: Iterable) -> None:
         """Moves ``keys[i]`` from or to slot ``slots[i]`` of the tier's registered memory."""
@@ -343,23 +359,31 @@ class JobBook:
                 # will ever come here, so every job this book still waits for fails now.
                 self._fail_pending("the tier belongs to the parent process (fork)")
                 outcomes = []
+            parts, jobs = self._parts, self._jobs
             for outcome in outcomes:
-                job_id, part_keys = self._parts.pop(outcome.job_id, (None, ()))
-                pending = self._jobs.get(job_id) if job_id is not None else None
+                job_id, part_keys = parts.pop(outcome.job_id, (None, ()))
+                pending = jobs.get(job_id) if job_id is not None else None
                 if pending is None:
                     self._logger.error("kvtier reported job %d, which this tier did not submit", outcome.job_id)
                     continue
-                if outcome.ok:
-                    pending.add(ok=True, done=part_keys, nbytes=outcome.bytes, seconds=outcome.seconds)
-                else:
-                    self._logger.debug("%s job %d failed: %s", pending.kind.name.lower(), job_id, outcome.message)
-                    done = _keys_done(outcome, list(part_keys))
-                    if (outcome.kind is JobKind.LOAD and self._on_failed_loads is not None
-                            and len(outcome.key_status) == len(part_keys)):
-                        # the keys the library itself marked MISS: those with a failed status
-                        self._on_failed_loads(
-                            [k for k, st in zip(part_keys, outcome.key_status) if st != Status.OK])
-                    pending.add(ok=False, done=done, nbytes=outcome.bytes, seconds=outcome.seconds)
+                if outcome.status == _OK:
+                    # pending.add(ok=True, ...) written out: one succeeded library job
+                    pending.parts -= 1
+                    pending.done.update(part_keys)
+                    pending.nbytes += outcome.bytes
+                    pending.seconds = max(pending.seconds, outcome.seconds)
+                    if not pending.parts:
+                        del jobs[job_id]
+                        self._finished.append(pending.finished(job_id))
+                    continue
+                self._logger.debug("%s job %d failed: %s", pending.kind.name.lower(), job_id, outcome.message)
+                done = _keys_done(outcome, list(part_keys))
+                if (outcome.kind is JobKind.LOAD and self._on_failed_loads is not None
+                        and len(outcome.key_status) == len(part_keys)):
+                    # the keys the library itself marked MISS: those with a failed status
+                    self._on_failed_loads(
+                        [k for k, st in zip(part_keys, outcome.key_status) if st != Status.OK])
+                pending.add(ok=False, done=done, nbytes=outcome.bytes, seconds=outcome.seconds)
                 self._finish_if_done(job_id)
         if not self._finished:
             return []
@@ -499,9 +523,11 @@ class LookupMirror:
         self._tier.request_finished(rid)
         if not keys:
             return
-        holders_of, verdicts, in_flight = self._holders, self._verdicts, self._in_flight
+        holders_of, in_flight = self._holders, self._in_flight
+        get_holders, drop_verdict, drop_in_flight = holders_of.get, self._verdicts.pop, in_flight.pop
+        asked = self._asked
         for key in keys:
-            holders = holders_of.get(key)
+            holders = get_holders(key)
             if holders is None:
                 continue
             holders.discard(rid)
@@ -512,9 +538,10 @@ class LookupMirror:
             # Nobody holds it: the library drops it (or drops a check in flight when its
             # answer comes); either way a new request's lookup starts from RETRY.
             del holders_of[key]
-            verdicts.pop(key, None)
-            in_flight.pop(key, None)
-            self._asked.discard(key)
+            drop_verdict(key, None)
+            drop_in_flight(key, None)
+            if asked:
+                asked.discard(key)
 
     def before_poll(self) -> None:
         """Called before the tier's results are polled: the library marks failed loads'
@@ -580,16 +607,26 @@ class LookupMirror:
             self._asked.clear()
         if not pairs:
             return
-        by_length: dict[int, tuple[list, list]] = {}
-        for rid, key in pairs:
-            group = by_length.get(len(key))
-            if group is None:
-                group = by_length[len(key)] = ([], [])
-            group[0].append(rid)
-            group[1].append(key)
-        for rids, keys in by_length.values():
+        rids, keys = zip(*pairs)
+        if len(set(map(len, keys))) == 1:
+            groups = [(rids, keys)]  # the usual step: one key length, grouped at C speed
+        else:
+            by_length: dict[int, tuple[list, list]] = {}
+            for rid, key in pairs:
+                group = by_length.get(len(key))
+                if group is None:
+                    group = by_length[len(key)] = ([], [])
+                group[0].append(rid)
+                group[1].append(key)
+            groups = list(by_length.values())
+        holders, verdicts_of, in_flight = self._holders, self._verdicts, self._in_flight
+        as_engine, retry = self._as_engine, int(LookupResult.RETRY)
+        # The verdicts' codes where the tier gives them (kvtier's verdicts are IntEnums:
+        # the codes are equal to them and find the same engine verdicts).
+        batch = getattr(self._tier, "_lookup_codes", None) or self._tier.lookup_batch
+        for rids, keys in groups:
             try:
-                verdicts = self._tier.lookup_batch(rids, keys)
+                verdicts = batch(rids, keys)
             except KvtierError as exc:
                 self._logger.warning("kvtier lookup failed, answering MISS: %s", exc)
                 for key in keys:
@@ -597,7 +634,15 @@ class LookupMirror:
                         self._verdicts[key] = self._miss
                         self._in_flight.pop(key, None)
                 continue
-            learn = self._learn
             for rid, key, verdict in zip(rids, keys, verdicts):
-                if key in self._holders:
-                    learn(rid, key, verdict)
+                if key in holders:
+                    # self._learn(rid, key, verdict), written out: once per key of the step
+                    if verdict == retry:
+                        if key not in in_flight:
+                            in_flight[key] = rid
+                    else:
+                        answer = as_engine.get(verdict)
+                        if answer is None:  # not a verdict: the enum raises as it did
+                            answer = as_engine[LookupResult(verdict)]
+                        verdicts_of[key] = answer
+                        in_flight.pop(key, None)

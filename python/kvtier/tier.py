@@ -20,6 +20,7 @@ no result.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import dataclasses
 import enum
@@ -47,6 +48,9 @@ MAX_RANGES_PER_KEY = 4096
 MAX_RANGES_PER_JOB = 1 << 22
 
 _U64_MAX = (1 << 64) - 1
+_U64_ARRAY = array.array
+if _U64_ARRAY("Q").itemsize != 8:  # pragma: no cover - every platform the library builds on
+    raise ImportError("kvtier: array('Q') is not 64-bit here")
 _RANGE_P = ctypes.POINTER(_native.KvtRange)
 _BATCH = 64  # results / events fetched per C call
 
@@ -68,6 +72,14 @@ class LookupResult(enum.IntEnum):
 
 # Lookup verdicts by code, a table rather than the enum constructor (a per-key call).
 _LOOKUP_RESULTS = {int(r): r for r in LookupResult}
+
+
+def _lookup_results(codes) -> list:
+    """The verdicts of ``codes`` (ints), in order: one table lookup each, at C speed."""
+    try:
+        return list(map(_LOOKUP_RESULTS.__getitem__, codes))
+    except KeyError:  # a code this binding does not know: the enum says what it is
+        return [LookupResult(v) for v in codes]
 
 
 class Locality(enum.IntEnum):
@@ -124,20 +136,59 @@ def _lib() -> ctypes.CDLL:
 
 
 _new_object = object.__new__
+_set_attribute = object.__setattr__
 
 
 def _outcome(job_id, kind, status, nbytes, seconds, key_status, num_failed_keys, message) -> JobOutcome:
     """A :class:`JobOutcome` built without the frozen dataclass's per-field
     ``object.__setattr__`` (one per finished job, on the engine's thread)."""
     outcome = _new_object(JobOutcome)
-    outcome.__dict__.update(
-        job_id=job_id, kind=kind, status=status, bytes=nbytes, seconds=seconds, key_status=key_status,
-        num_failed_keys=num_failed_keys, message=message,
-    )
+    _set_attribute(outcome, "__dict__", {
+        "job_id": job_id, "kind": kind, "status": status, "bytes": nbytes, "seconds": seconds,
+        "key_status": key_status, "num_failed_keys": num_failed_keys, "message": message,
+    })
     return outcome
 
 
 _JOB_KINDS = {int(k): k for k in JobKind}
+_LOCALITIES = {int(k): k for k in Locality}
+_OK = Status.OK
+_STORE = int(JobKind.STORE)
+
+
+def _checked_reader(ctype, fmt: str, sample: dict, expected: tuple) -> struct.Struct:
+    """A ``struct.Struct`` reading one ``ctype`` (its fields in one C call rather than a
+    ctypes attribute read each), checked against ctypes' own layout: ``sample`` written
+    through ctypes must read back as ``expected``."""
+    reader = struct.Struct(fmt)
+    probe = ctype(**sample)
+    if reader.size > ctypes.sizeof(ctype) or reader.unpack_from(probe) != expected:  # pragma: no cover
+        raise ImportError(f"kvtier: the layout of {ctype.__name__} differs from {fmt!r} on this platform")
+    return reader
+
+
+#: ``kvt_result``: job_id, kind, status, bytes, seconds, num_keys, num_failed_keys,
+#: key_status (address), message (address).
+_RESULT = _checked_reader(
+    _native.KvtResult, "@QiiQdNNPP",
+    dict(job_id=1, kind=2, status=3, bytes=4, seconds=5.5, num_keys=6, num_failed_keys=7,
+         key_status=ctypes.cast(8, ctypes.POINTER(ctypes.c_int)), message=ctypes.cast(9, ctypes.c_char_p)),
+    (1, 2, 3, 4, 5.5, 6, 7, 8, 9),
+)
+_RESULT_STRIDE = ctypes.sizeof(_native.KvtResult)
+#: ``kvt_kv_event``: job_id, keys (address), key_len, num_keys, medium (address), locality,
+#: removed (after the padding that ends ``kvt_event``).
+_KV_EVENT = _checked_reader(
+    _native.KvtKvEvent,
+    f"@QPNNPi{_native.KvtKvEvent.removed.offset - _native.KvtEvent.locality.offset - 4}x?",
+    dict(event=_native.KvtEvent(job_id=1, keys=ctypes.cast(2, ctypes.POINTER(ctypes.c_uint8)), key_len=3,
+                                num_keys=4, medium=ctypes.cast(5, ctypes.c_char_p), locality=6), removed=True),
+    (1, 2, 3, 4, 5, 6, True),
+)
+_KV_EVENT_STRIDE = ctypes.sizeof(_native.KvtKvEvent)
+#: ``kvt_event.medium`` is a static string: decoded once per address.
+_MEDIA: dict[int, str] = {0: ""}
+_string_at = ctypes.string_at
 
 
 def _config_text(config: Mapping[str, Any] | str) -> str:
@@ -196,6 +247,15 @@ def _key_buffer(keys: Sequence) -> tuple[bytes, int, int]:
     """Keys concatenated into one buffer: (bytes, key_len, num_keys)."""
     if isinstance(keys, (bytes, bytearray, memoryview, str)):
         raise TypeError("keys must be a sequence of byte strings, not one byte string")
+    if type(keys) is not list and type(keys) is not tuple:
+        keys = list(keys)
+    if keys and len(set(map(type, keys))) == 1 and type(keys[0]) is bytes:
+        # The usual call: every key a bytes object. Checked and joined without a Python
+        # step per key.
+        lengths = set(map(len, keys))
+        if len(lengths) != 1:
+            raise ValueError("all keys of one job must have the same length")
+        return b"".join(keys), len(keys[0]), len(keys)
     keys = [k if isinstance(k, bytes) else bytes(k) for k in keys]
     if not keys:
         # The C side reports the empty job (as its one failed result); key_len only has
@@ -207,14 +267,21 @@ def _key_buffer(keys: Sequence) -> tuple[bytes, int, int]:
     return b"".join(keys), key_len, len(keys)
 
 
+_np: Any = None  # numpy once looked up (False: not installed)
+
+
 def _numpy() -> Any:
     """numpy, or None: the binding takes numpy arrays where it is installed, and needs it
-    nowhere."""
-    try:
-        import numpy as np  # optional
-    except ImportError:  # pragma: no cover - numpy is optional
-        return None
-    return np
+    nowhere. Imported on first use, then remembered."""
+    global _np
+    np = _np
+    if np is None:
+        try:
+            import numpy as np  # optional
+        except ImportError:  # pragma: no cover - numpy is optional
+            np = False
+        _np = np
+    return np or None
 
 
 def _job_id(job_id: int) -> int:
@@ -249,14 +316,15 @@ def _pin(flat: memoryview) -> Any:
 
 def _block_id_array(block_ids: Any, expected: int):
     """A C array of uint64 block ids (negative ids wrap, so the library rejects them)."""
-    np = _numpy()
-    if np is not None and isinstance(block_ids, np.ndarray):
+    np = _np if _np is not None else _numpy()
+    if np and isinstance(block_ids, np.ndarray):
         if block_ids.dtype.kind not in "iu":
             raise TypeError(f"block ids must be integers, not {block_ids.dtype}")
-        arr = np.ascontiguousarray(block_ids.reshape(-1)).astype(np.uint64)
-        if arr.size != expected:
-            return _mismatch(arr.tolist(), expected)
-        return arr, arr.ctypes.data
+        if block_ids.size != expected:
+            return _mismatch(range(block_ids.size), expected)
+        # uint64 values in C order, as bytes (ctypes passes bytes as a pointer to them).
+        ids = block_ids.astype(np.uint64).tobytes() if expected else b"\0" * 8
+        return ids, ids
     ids = [operator.index(b) for b in block_ids]
     if len(ids) != expected:
         return _mismatch(ids, expected)
@@ -383,6 +451,16 @@ def _after_fork_in_child() -> None:
         tier._poll_results = (_native.KvtResult * _BATCH)()
         tier._events_lock = threading.Lock()
         tier._events_buffer = (_native.KvtKvEvent * _BATCH)()
+        _output_counts(tier)
+
+
+def _output_counts(tier: "Tier") -> None:
+    # The counts poll and take_events are told (each used under its lock), and the
+    # references passed for them, made once.
+    tier._poll_count = ctypes.c_size_t()
+    tier._poll_count_ref = ctypes.byref(tier._poll_count)
+    tier._events_count = ctypes.c_size_t()
+    tier._events_count_ref = ctypes.byref(tier._events_count)
 
 
 if hasattr(os, "register_at_fork"):
@@ -422,6 +500,7 @@ class Tier:
         self._poll_results = (_native.KvtResult * _BATCH)()
         self._events_lock = threading.Lock()
         self._events_buffer = (_native.KvtKvEvent * _BATCH)()
+        _output_counts(self)
         # Whether take_events may find something: set by what makes events (a successful
         # store or a failed load polled, a delete, an eviction round), cleared when taken;
         # a tier with background eviction may have events at any time.
@@ -546,15 +625,6 @@ class Tier:
 
     # -- jobs ------------------------------------------------------------------------
 
-    def _submit(self, fn, job_id: int, block_ids: Any, keys: Sequence) -> None:
-        job_id = _job_id(job_id)
-        buf, key_len, num_keys = _key_buffer(keys)
-        ids, address = _block_id_array(block_ids, num_keys)
-        with self._h as ptr:
-            status = fn(ptr, job_id, address, buf, key_len, num_keys)
-        del ids  # kept alive through the call
-        _check(status)
-
     def submit_store(self, job_id: int, block_ids: Any, keys: Sequence) -> None:
         """Stores block ``block_ids[i]`` under ``keys[i]``. Never blocks.
 
@@ -562,7 +632,16 @@ class Tier:
         Raises on a rejected job, which still yields its one failed result at the next
         poll (except :class:`DuplicateJobError` and :class:`ForkedError`).
         """
-        self._submit(_lib().kvt_tier_submit_store, job_id, block_ids, keys)
+        # The same steps as submit_load's, written out in each: no helper call per job.
+        if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
+            job_id = _job_id(job_id)
+        buf, key_len, num_keys = _key_buffer(keys)
+        ids, address = _block_id_array(block_ids, num_keys)
+        with self._h as ptr:
+            status = self._lib.kvt_tier_submit_store(ptr, job_id, address, buf, key_len, num_keys)
+        del ids  # kept alive through the call
+        if status:
+            _check(status)
 
     def submit_load(self, job_id: int, block_ids: Any, keys: Sequence) -> None:
         """Loads ``keys[i]`` into block ``block_ids[i]``. Never blocks.
@@ -570,7 +649,15 @@ class Tier:
         Same contract as :meth:`submit_store`; the blocks must not be touched until the
         result has been polled. A missing or wrong-sized object fails only its key.
         """
-        self._submit(_lib().kvt_tier_submit_load, job_id, block_ids, keys)
+        if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
+            job_id = _job_id(job_id)
+        buf, key_len, num_keys = _key_buffer(keys)
+        ids, address = _block_id_array(block_ids, num_keys)
+        with self._h as ptr:
+            status = self._lib.kvt_tier_submit_load(ptr, job_id, address, buf, key_len, num_keys)
+        del ids  # kept alive through the call
+        if status:
+            _check(status)
 
     def _ranges_array(self, ranges: Any, num_keys: int):
         """(owner, address, ranges_per_key) of a C array of ``kvt_range``: ``ranges`` is a
@@ -646,36 +733,46 @@ class Tier:
 
     def poll(self) -> list[JobOutcome]:
         """Takes every finished job. Never blocks; each job is returned exactly once."""
-        lib = self._lib
         out: list[JobOutcome] = []
+        append = out.append
         statuses_of = STATUS_BY_CODE.get  # as_status, without a call per key
         kinds = _JOB_KINDS
+        unpack, stride = _RESULT.unpack_from, _RESULT_STRIDE
+        new, set_attribute = _new_object, _set_attribute
         with self._poll_lock, self._h as ptr:
-            results = self._poll_results
-            count = ctypes.c_size_t()
+            results, count, count_ref = self._poll_results, self._poll_count, self._poll_count_ref
+            poll_c = self._lib.kvt_tier_poll
             while True:
-                _check(lib.kvt_tier_poll(ptr, results, _BATCH, ctypes.byref(count)))
-                for i in range(count.value):
-                    r = results[i]
-                    n = r.num_keys
-                    if not n or not r.key_status:
+                status = poll_c(ptr, results, _BATCH, count_ref)
+                if status:
+                    _check(status)
+                n = count.value
+                for offset in range(0, n * stride, stride):
+                    job_id, kind, status, nbytes, seconds, num_keys, failed, key_status, message = unpack(
+                        results, offset)
+                    if not num_keys or not key_status:
                         statuses = ()
-                    elif r.num_failed_keys == 0:
-                        statuses = (Status.OK,) * n
+                    elif not failed:
+                        statuses = (_OK,) * num_keys
                     else:
-                        statuses = tuple([statuses_of(s, s) for s in r.key_status[:n]])
-                    status = r.status
-                    kind = kinds.get(r.kind) or JobKind(r.kind)
-                    if (kind is JobKind.STORE) == (status == 0):
+                        codes = (ctypes.c_int * num_keys).from_address(key_status)
+                        statuses = tuple([statuses_of(c, c) for c in codes])
+                    if (kind == _STORE) == (status == 0):
                         self._events_hint = True  # a successful store's event, or a corrupt block's
-                    message = r.message
-                    out.append(
-                        _outcome(
-                            r.job_id, kind, statuses_of(status, status), r.bytes, r.seconds, statuses,
-                            r.num_failed_keys, message.decode("utf-8", "replace") if message else "",
-                        )
-                    )
-                if count.value < _BATCH:
+                    outcome = new(JobOutcome)
+                    set_attribute(outcome, "__dict__", {
+                        "job_id": job_id,
+                        "kind": kinds[kind] if kind in kinds else JobKind(kind),
+                        "status": statuses_of(status, status),
+                        "bytes": nbytes,
+                        "seconds": seconds,
+                        "key_status": statuses,
+                        "num_failed_keys": failed,
+                        # "" on success (the header's contract): read only for a failure
+                        "message": _string_at(message).decode("utf-8", "replace") if status and message else "",
+                    })
+                    append(outcome)
+                if n < _BATCH:
                     return out
 
     def event_fd(self) -> int:
@@ -696,7 +793,7 @@ class Tier:
     def jobs_in_flight(self) -> int:
         """Jobs submitted and not yet finished."""
         with self._h as ptr:
-            return _lib().kvt_tier_jobs_in_flight(ptr)
+            return self._lib.kvt_tier_jobs_in_flight(ptr)
 
     def drain(self, timeout_ms: int) -> None:
         """Blocks until no job is in flight; :class:`TimedOutError` after ``timeout_ms``.
@@ -730,31 +827,45 @@ class Tier:
         """Many :meth:`lookup` calls in one: ``keys[i]`` for request ``req_ids[i]``, one
         verdict each, in order, as asking them one after the other would answer. The keys
         have one length. For engines that gather a step's lookups."""
+        return _lookup_results(self._lookup_codes(req_ids, keys))
+
+    def _lookup_codes(self, req_ids: Sequence[int], keys: Sequence) -> Any:
+        """:meth:`lookup_batch`'s verdicts as their codes (``kvt_lookup_result`` ints, a
+        sequence), for callers that map them on themselves."""
         buf, key_len, num_keys = _key_buffer(keys)
         if not num_keys:
-            return []
+            return ()
         if len(req_ids) != num_keys:
             raise ValueError(f"{len(req_ids)} request ids for {num_keys} keys")
-        ids = (ctypes.c_uint64 * num_keys)(*map(operator.index, req_ids))
+        array_type = ctypes.c_uint64 * num_keys
+        try:
+            # ints as one C array at C speed; anything else (negative ids, which wrap,
+            # objects with __index__) converted one by one as before
+            ids = array_type.from_buffer_copy(_U64_ARRAY("Q", req_ids))
+        except (TypeError, OverflowError, ValueError):
+            ids = array_type(*map(operator.index, req_ids))
         out = (ctypes.c_int * num_keys)()
         with self._h as ptr:
             status = self._lib.kvt_tier_lookup_batch(ptr, ids, buf, key_len, num_keys, out)
-        _check(status)
-        results = _LOOKUP_RESULTS
-        return [results.get(v) or LookupResult(v) for v in out]
+        if status:
+            _check(status)
+        return out
 
     def schedule_end(self) -> None:
         """Sends the lookups asked since the last call as one deduplicated batch."""
         with self._h as ptr:
-            status = _lib().kvt_tier_schedule_end(ptr)
-        _check(status)
+            status = self._lib.kvt_tier_schedule_end(ptr)
+        if status:
+            _check(status)
 
     def request_finished(self, req_id: int) -> None:
         """The request will look nothing up again; verdicts only it held are dropped."""
-        req_id = operator.index(req_id)
+        if type(req_id) is not int:
+            req_id = operator.index(req_id)
         with self._h as ptr:
-            status = _lib().kvt_tier_request_finished(ptr, req_id)
-        _check(status)
+            status = self._lib.kvt_tier_request_finished(ptr, req_id)
+        if status:
+            _check(status)
 
     def check_now(self, keys: Sequence, timeout: float = 10.0) -> list[LookupResult]:
         """Checks ``keys`` in the store now, all at once, and blocks (without the GIL)
@@ -769,34 +880,49 @@ class Tier:
         with self._h as ptr:
             status = _lib().kvt_tier_check_now(ptr, buf, key_len, num_keys, timeout_ms, out)
         _check(status)
-        return [_LOOKUP_RESULTS.get(v) or LookupResult(v) for v in out]
+        return _lookup_results(out)
 
     # -- events and stats ------------------------------------------------------------
 
     def take_events(self) -> list[Event]:
         """Takes every BlockStored and BlockRemoved event recorded so far, oldest first."""
-        lib = self._lib
         out: list[Event] = []
+        append = out.append
+        unpack, stride = _KV_EVENT.unpack_from, _KV_EVENT_STRIDE
+        new, set_attribute, media, localities = _new_object, _set_attribute, _MEDIA, _LOCALITIES
         with self._events_lock, self._h as ptr:
             self._events_hint = False  # before taking: what comes meanwhile sets it again
-            events = self._events_buffer
-            count = ctypes.c_size_t()
+            events, count, count_ref = self._events_buffer, self._events_count, self._events_count_ref
+            take = self._lib.kvt_tier_take_kv_events
             while True:
-                _check(lib.kvt_tier_take_kv_events(ptr, events, _BATCH, ctypes.byref(count)))
-                for kv in events[: count.value]:
-                    e = kv.event
-                    raw = ctypes.string_at(e.keys, e.key_len * e.num_keys) if e.num_keys else b""
-                    keys = tuple(raw[i * e.key_len : (i + 1) * e.key_len] for i in range(e.num_keys))
-                    out.append(
-                        Event(
-                            job_id=e.job_id,
-                            keys=keys,
-                            medium=e.medium.decode() if e.medium else "",
-                            locality=Locality(e.locality),
-                            removed=bool(kv.removed),
-                        )
-                    )
-                if count.value < _BATCH:
+                status = take(ptr, events, _BATCH, count_ref)
+                if status:
+                    _check(status)
+                n = count.value
+                for offset in range(0, n * stride, stride):
+                    job_id, keys_at, key_len, num_keys, medium, locality, removed = unpack(events, offset)
+                    if not num_keys:
+                        keys = ()
+                    elif key_len:
+                        # One copy of the event's keys, then one slice per key, at C speed.
+                        end = key_len * num_keys
+                        raw = _string_at(keys_at, end)
+                        keys = tuple(map(raw.__getitem__, map(slice, range(0, end, key_len), range(key_len, end + 1, key_len))))
+                    else:
+                        keys = (b"",) * num_keys
+                    name = media.get(medium)
+                    if name is None:  # a static string: decoded once
+                        name = media[medium] = _string_at(medium).decode()
+                    event = new(Event)
+                    set_attribute(event, "__dict__", {
+                        "job_id": job_id,
+                        "keys": keys,
+                        "medium": name,
+                        "locality": localities[locality] if locality in localities else Locality(locality),
+                        "removed": removed,
+                    })
+                    append(event)
+                if n < _BATCH:
                     return out
 
     def events_pending(self) -> bool:
@@ -893,7 +1019,8 @@ class Tier:
         out = _native.KvtStats()
         with self._h as ptr:
             status = self._lib.kvt_tier_stats(ptr, out, _STATS_SIZE)
-        _check(status)
+        if status:
+            _check(status)
         return bytes(out)
 
 

@@ -184,6 +184,39 @@ def test_errors_before_the_c_call_produce_no_result(tmp_path):
         assert tier.poll() == []
 
 
+def test_keys_and_block_ids_in_any_accepted_form_make_the_same_job(tmp_path):
+    """A list of bytes keys with a numpy array of slots (the usual call, taken at C speed)
+    and the general forms (bytearrays, a generator, Python ints) store the same blocks;
+    results and events carry the enums (STORE, whose code is 0, included)."""
+    with Tier(local(tmp_path, enable_kv_events=True)) as tier:
+        pool = np.arange(6 * 64, dtype=np.uint64).astype(np.uint8).reshape(6, 64)
+        tier.register_memory(pool)
+        keys = [make_key(i) for i in range(3)]
+        tier.submit_store(1, np.array([[0], [1], [2]], np.int32), keys)
+        tier.submit_store(2, [3, 4, 5], (bytearray(make_key(i, salt="b")) for i in range(3)))
+        results = sorted(wait_results(tier, 2), key=lambda r: r.job_id)
+        assert [(r.job_id, r.kind, r.status, r.key_status, r.message) for r in results] == [
+            (1, JobKind.STORE, Status.OK, (Status.OK,) * 3, ""), (2, JobKind.STORE, Status.OK, (Status.OK,) * 3, "")]
+        assert results[0].kind is JobKind.STORE and results[0].status is Status.OK
+        events = sorted(tier.take_events(), key=lambda e: e.job_id)
+        assert [e.keys for e in events] == [tuple(keys), tuple(make_key(i, salt="b") for i in range(3))]
+        assert all(e.locality is kvtier.Locality.UNSET and e.medium == "STORAGE" and not e.removed for e in events)
+        tier.submit_load(3, np.array([5, 4, 3], np.int64), [make_key(i) for i in range(3)])
+        (loaded,) = wait_results(tier, 1)
+        assert loaded.ok and loaded.kind is JobKind.LOAD and loaded.bytes == 3 * 64
+        assert (pool[[5, 4, 3]] == pool[[0, 1, 2]]).all()
+        with pytest.raises(TypeError):
+            tier.submit_store(4, np.array([0.0, 1.0]), keys[:2])
+        with pytest.raises(ValueError, match="same length"):
+            tier.submit_store(5, np.array([0, 1]), [keys[0], keys[1][:-1]])
+        with pytest.raises(ValueError, match="block ids"):
+            tier.submit_store(6, np.array([0, 1]), keys)
+        # request ids: ints at C speed, numpy integers converted one by one, as before
+        assert tier.lookup_batch(np.array([7, 7], np.int64), keys[:2]) == tier.lookup_batch([7, 7], keys[:2])
+        tier.drain(1000)
+        assert tier.poll() == []
+
+
 def test_per_key_outcomes_are_copied_out(tmp_path):
     with Tier(local(tmp_path)) as tier:
         tier.register_memory(np.zeros((4, 64), np.uint8))
