@@ -232,9 +232,11 @@ COMPARISONS = [
     },
     {
         "name": "scheduler",
-        "question": "What does the tier cost vLLM's scheduler thread per step, beside vLLM's own fs tier?",
+        "question": "What does the tier cost vLLM's scheduler thread per step, beside vLLM's own fs tier and its "
+                    "obj tier over NIXL?",
         "heading": "Scheduler-thread cost in vLLM",
-        "measures": "kvtier's `KvtierTier` on a local directory and vLLM 0.33's own `fs` tier, each driven through "
+        "measures": "kvtier's `KvtierTier` on a local directory beside vLLM 0.33's own `fs` tier, and on s3s-fs "
+                    "beside vLLM's `obj` tier (NIXL's OBJ plugin, on the CPU) on the same s3s-fs, each driven through "
                     "vLLM's real `TieringOffloadingManager` (built by vLLM's factory) with the same scheduler steps: "
                     "new keys looked up and asked again until answered, stores cascaded to the tier, promotions, then "
                     "the step's end, `take_events` and `get_stats`, 64 KiB chunks. Measured is the scheduler "
@@ -242,8 +244,9 @@ COMPARISONS = [
                     "runs, per tier call, and the steps until a lookup is answered.",
         "driver": ["bench/scheduler_cost.py"],
         "interpreter": "tools/venv",
-        "preset": [],
-        "minutes": "3",
+        "preset": ["--tiers", "kvtier,fs,kvtier-s3,obj"],
+        "minutes": "8",
+        "note": "The kvtier-s3 and obj tiers need s3s-fs and nixl-cu12 (scripts/install-tools.sh installs both).",
         "results": ["scheduler-cost.json"],
         "render": "scheduler",
     },

@@ -8,7 +8,7 @@ comparison: its workload, its measurement and its result file.
 
     tools/venv/bin/python bench/scheduler_cost.py                 # kvtier,fs; 3 mixes x 5 reps, ~2 min
     tools/venv/bin/python bench/scheduler_cost.py --tiers kvtier,fs,kvtier-s3,obj
-    bench/run.py scheduler                                        # the published run (bench/comparisons.py)
+    bench/run.py scheduler                                        # the published run: all four (bench/comparisons.py)
 
 The workload is what one scheduler step asks of the manager. A mix is, per step:
 
@@ -41,7 +41,9 @@ Measured on the scheduler thread only, ``time.thread_time_ns()``:
              none and with some, ``get_stats``.
   steps      from a key's first lookup to the tier's answer (the manager no longer says
              RETRY), and to HIT (the promotion done).
-Runs alternate tiers (kvtier, fs, kvtier, fs...), each on a fresh engine. Writes
+Runs alternate tiers (kvtier, fs, kvtier, fs...), each on a fresh engine. The ``obj`` tier is
+vLLM's own NIXL tier: NIXL's OBJ plugin runs on the CPU (no GPU memory is registered, the CPU
+tier's buffers are), so it is measured like the others on the same s3s-fs as ``kvtier-s3``. Writes
 ``bench/results/scheduler-cost.json``; `python3 bench/report.py` makes its tables. A benchmark:
 it prints numbers, nothing here passes or fails.
 """

@@ -31,11 +31,16 @@ pub(crate) fn c_text(text: String) -> CString {
 }
 
 pub(crate) fn set_last_error(error: Option<Error>) {
-    let text = match error {
-        None => CString::default(),
-        Some(e) => c_text(e.to_string()),
-    };
-    LAST_ERROR.with(|cell| *cell.borrow_mut() = text);
+    LAST_ERROR.with(|cell| {
+        let mut text = cell.borrow_mut();
+        match error {
+            // Every successful call lands here: an empty text stays as it is (no allocation
+            // and free per call on the host's hot path).
+            None if text.as_bytes().is_empty() => {}
+            None => *text = CString::default(),
+            Some(e) => *text = c_text(e.to_string()),
+        }
+    });
 }
 
 /// The message of the last failed call on this thread, "" after a successful one.

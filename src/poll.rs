@@ -27,9 +27,9 @@ pub unsafe extern "C" fn kvt_tier_poll(
         scratch.key_status.clear();
         scratch.messages.clear();
         let results = handle.tier.poll(capacity);
-        for (i, r) in results.into_iter().enumerate() {
+        for (i, mut r) in results.into_iter().enumerate() {
             let failed = r.key_status.iter().filter(|s| !s.is_ok()).count();
-            let message = c_text(r.message.clone());
+            let message = c_text(std::mem::take(&mut r.message));
             let out = kvt_result {
                 job_id: r.job_id,
                 kind: r.kind.into(),

@@ -14,11 +14,13 @@
 //! * a failed existence check makes every key of that request's group MISS;
 //! * `mark_miss` (failed loads) turns only the named keys into MISS.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hashbrown::HashTable;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
@@ -40,25 +42,66 @@ enum Phase {
     Resolved,
 }
 
-/// A key as the lookup state holds it: shared by its entry, the step's batch, its
-/// requests' lists and its probe, so that asking for it allocates once.
+/// A key as the lookup state holds it: shared by its slot, its probe and the check that
+/// answers it, so that asking for it allocates once.
 pub(crate) type SharedKey = Arc<[u8]>;
 
+/// The requests holding an entry: almost always one (a few when requests share a prefix),
+/// so the first is kept in the slot itself and only a second allocates.
+#[derive(Debug, Default)]
+struct Holders {
+    /// None only when nobody holds the entry (then `rest` is empty too).
+    first: Option<u64>,
+    rest: Vec<u64>,
+}
+
+impl Holders {
+    fn contains(&self, request: u64) -> bool {
+        self.first == Some(request) || self.rest.contains(&request)
+    }
+
+    fn add(&mut self, request: u64) {
+        match self.first {
+            None => self.first = Some(request),
+            Some(_) => self.rest.push(request),
+        }
+    }
+
+    fn remove(&mut self, request: u64) {
+        if self.first == Some(request) {
+            self.first = self.rest.pop();
+        } else {
+            self.rest.retain(|&r| r != request);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
+/// One key's state. Slots live in one array and are found by number, so that finishing a
+/// request, applying an answer or flushing a batch reads the slot alone: no key is hashed
+/// again and no pointer is followed to find it (these calls run on the engine's scheduler
+/// thread, whose caches the engine's own work has emptied between two calls; a cache
+/// miss per pointer was most of their cost).
 #[derive(Debug)]
-struct Entry {
+struct Slot {
     key: SharedKey,
+    /// The key's hash in `index`, kept so that the slot leaves it without hashing again.
+    hash: u64,
+    /// Unique over the table's life; 0 for a free slot (no answer carries 0).
     generation: u64,
     phase: Phase,
     found: Option<bool>,
-    /// The requests holding the entry: usually a few (requests sharing a prefix), so a
-    /// list searched in order, not a set.
-    requests: Vec<u64>,
+    requests: Holders,
 }
 
-/// One key to check, with the generation its answer must match.
+/// One key to check, with the slot and generation its answer must match.
 #[derive(Debug, Clone)]
 pub(crate) struct Probe {
     pub key: SharedKey,
+    pub slot: u32,
     pub generation: u64,
 }
 
@@ -68,11 +111,11 @@ pub(crate) struct ProbeGroup {
     pub probes: Vec<Probe>,
 }
 
-/// A key's existence as the store answered it: `found` is false also for the keys of a
-/// group whose check failed.
+/// A key's existence as the store answered it, for the slot and generation of its probe:
+/// `found` is false also for the keys of a group whose check failed.
 #[derive(Debug, Clone)]
 pub(crate) struct Existence {
-    pub key: SharedKey,
+    pub slot: u32,
     pub generation: u64,
     pub found: bool,
 }
@@ -81,116 +124,167 @@ pub(crate) struct Existence {
 /// only sees [`ProbeGroup`]s and sends back [`Existence`]s.
 ///
 /// `lookup` runs once per key per scheduler step, so for a key already asked it is one hash
-/// of the key and no allocation, and a new key is allocated once; each request's keys are a
-/// list (a request joins an entry once, which the entry's own list decides), not a set
-/// rebuilt per request.
+/// of the key and no allocation, and a new key is allocated once. Everything after the
+/// first ask goes by slot number: a request's list, the step's batch and each answer name
+/// their slots, so `request_finished`, `flush` and `apply` never hash a key and leave the
+/// index by the stored hash.
+///
+/// The index hashes with FxHash, not a keyed hash: the keys are the engine's own block
+/// hashes (the pins' table hashes them the same way), and a keyed hash cost as much as
+/// the rest of a lookup.
 #[derive(Debug, Default)]
 pub(crate) struct LookupTable {
-    entries: HashMap<SharedKey, Entry>,
-    by_request: HashMap<u64, Vec<SharedKey>>,
-    batch: Vec<(SharedKey, u64, u64)>,
+    index: HashTable<u32>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Each request's slots, with the generation it joined (a slot is only freed once no
+    /// request holds it, so the generation still matches when the request finishes).
+    by_request: FxHashMap<u64, Vec<(u32, u64)>>,
+    /// New entries of this step: (slot, first request, generation).
+    batch: Vec<(u32, u64, u64)>,
     next_generation: u64,
 }
 
 impl LookupTable {
     pub(crate) fn lookup(&mut self, request: u64, key: &[u8]) -> LookupResult {
-        let entry = match self.entries.get_mut(key) {
-            Some(entry) => entry,
-            None => {
-                self.next_generation += 1;
-                let generation = self.next_generation;
-                let key: SharedKey = key.into();
-                self.batch.push((key.clone(), request, generation));
-                self.entries.entry(key.clone()).or_insert(Entry {
-                    key,
-                    generation,
-                    phase: Phase::Pending,
-                    found: None,
-                    requests: Vec::new(),
-                })
-            }
+        let hash = FxBuildHasher.hash_one(key);
+        let slots = &self.slots;
+        let number = match self.index.find(hash, |&n| {
+            slots[n as usize].hash == hash && *slots[n as usize].key == *key
+        }) {
+            Some(&n) => n,
+            None => self.insert(request, key, hash),
         };
-        let verdict = match entry.found {
+        let slot = &mut self.slots[number as usize];
+        let verdict = match slot.found {
             Some(true) => LookupResult::Hit,
             Some(false) => LookupResult::Miss,
             None => LookupResult::Retry,
         };
-        if !entry.requests.contains(&request) {
-            entry.requests.push(request);
+        if !slot.requests.contains(request) {
+            slot.requests.add(request);
             self.by_request
                 .entry(request)
                 .or_default()
-                .push(entry.key.clone());
+                .push((number, slot.generation));
         }
         verdict
+    }
+
+    /// A new pending entry for `key`, in the step's batch; its slot's number.
+    fn insert(&mut self, request: u64, key: &[u8], hash: u64) -> u32 {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let slot = Slot {
+            key: key.into(),
+            hash,
+            generation,
+            phase: Phase::Pending,
+            found: None,
+            requests: Holders::default(),
+        };
+        let number = match self.free.pop() {
+            Some(n) => {
+                self.slots[n as usize] = slot;
+                n
+            }
+            None => {
+                self.slots.push(slot);
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 keys tracked")
+            }
+        };
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash, number, |&n| slots[n as usize].hash);
+        self.batch.push((number, request, generation));
+        number
+    }
+
+    /// Frees a slot nobody holds: it leaves the index by its stored hash.
+    fn release(&mut self, number: u32) {
+        let slot = &mut self.slots[number as usize];
+        slot.generation = 0;
+        if let Ok(found) = self.index.find_entry(slot.hash, |&n| n == number) {
+            found.remove();
+        }
+        self.free.push(number);
     }
 
     /// Takes the step's batch: entries still pending become in flight. Grouped by the
     /// request that first asked, in order.
     pub(crate) fn flush(&mut self) -> Vec<ProbeGroup> {
         let mut groups: Vec<ProbeGroup> = Vec::new();
-        let mut index: HashMap<u64, usize> = HashMap::new();
-        for (key, request, generation) in std::mem::take(&mut self.batch) {
-            let Some(entry) = self.entries.get_mut(&key) else {
-                continue;
-            };
-            if entry.generation != generation || entry.phase != Phase::Pending {
+        let mut index: FxHashMap<u64, usize> = FxHashMap::default();
+        for (number, request, generation) in std::mem::take(&mut self.batch) {
+            let slot = &mut self.slots[number as usize];
+            if slot.generation != generation || slot.phase != Phase::Pending {
                 continue;
             }
-            entry.phase = Phase::InFlight;
-            let slot = *index.entry(request).or_insert_with(|| {
+            slot.phase = Phase::InFlight;
+            let at = *index.entry(request).or_insert_with(|| {
                 groups.push(ProbeGroup { probes: Vec::new() });
                 groups.len() - 1
             });
-            groups[slot].probes.push(Probe { key, generation });
+            groups[at].probes.push(Probe {
+                key: slot.key.clone(),
+                slot: number,
+                generation,
+            });
         }
         groups
     }
 
     pub(crate) fn apply(&mut self, answers: impl IntoIterator<Item = Existence>) {
         for answer in answers {
-            let Some(entry) = self.entries.get_mut(&answer.key) else {
+            let Some(slot) = self.slots.get_mut(answer.slot as usize) else {
                 continue;
             };
-            if entry.generation != answer.generation {
+            if slot.generation != answer.generation {
                 continue;
             }
-            if entry.requests.is_empty() {
-                self.entries.remove(&answer.key);
+            if slot.requests.is_empty() {
+                self.release(answer.slot);
                 continue;
             }
-            entry.found = Some(answer.found);
-            entry.phase = Phase::Resolved;
+            slot.found = Some(answer.found);
+            slot.phase = Phase::Resolved;
         }
     }
 
     /// Failed loads: these keys are absent for everyone holding them.
     pub(crate) fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
         for key in keys {
-            if let Some(entry) = self.entries.get_mut(key) {
-                entry.found = Some(false);
-                entry.phase = Phase::Resolved;
+            let hash = FxBuildHasher.hash_one(key);
+            let slots = &self.slots;
+            if let Some(&n) = self.index.find(hash, |&n| {
+                slots[n as usize].hash == hash && *slots[n as usize].key == *key
+            }) {
+                let slot = &mut self.slots[n as usize];
+                slot.found = Some(false);
+                slot.phase = Phase::Resolved;
             }
         }
     }
 
     pub(crate) fn request_finished(&mut self, request: u64) {
-        let Some(keys) = self.by_request.remove(&request) else {
+        let Some(held) = self.by_request.remove(&request) else {
             return;
         };
-        for key in keys {
-            if let Some(entry) = self.entries.get_mut(&key) {
-                entry.requests.retain(|&r| r != request);
-                if entry.requests.is_empty() && entry.phase != Phase::InFlight {
-                    self.entries.remove(&key);
-                }
+        for (number, generation) in held {
+            let slot = &mut self.slots[number as usize];
+            if slot.generation != generation {
+                continue;
+            }
+            slot.requests.remove(request);
+            if slot.requests.is_empty() && slot.phase != Phase::InFlight {
+                self.release(number);
             }
         }
     }
 
     /// Keys with state (for tests and stats).
     pub(crate) fn tracked_keys(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 }
 
@@ -276,7 +370,7 @@ fn answers(
         let mut checks = checks.into_iter();
         answers.extend(group.probes.into_iter().map(|probe| Existence {
             found: !group_failed && checks.next() == Some(Ok(true)),
-            key: probe.key,
+            slot: probe.slot,
             generation: probe.generation,
         }));
     }
@@ -397,7 +491,7 @@ mod tests {
             .into_iter()
             .flat_map(|g| g.probes)
             .map(|p| Existence {
-                key: p.key,
+                slot: p.slot,
                 generation: p.generation,
                 found,
             })
@@ -453,7 +547,7 @@ mod tests {
         t.lookup(1, b"k");
         t.request_finished(1); // pending, not in flight: dropped now
         let stale = Existence {
-            key: b"k".as_slice().into(),
+            slot: 0,
             generation: 1,
             found: true,
         };
@@ -466,6 +560,30 @@ mod tests {
         );
         let groups = t.flush();
         assert_eq!(groups[0].probes[0].generation, 2);
+    }
+
+    #[test]
+    fn holders_leave_in_any_order_and_freed_slots_are_reused() {
+        let mut t = LookupTable::default();
+        for request in [1, 2, 3] {
+            t.lookup(request, b"k");
+        }
+        let groups = t.flush();
+        answer_all(&mut t, groups, true);
+        t.request_finished(1); // the first holder leaves first: the others keep the verdict
+        assert_eq!(t.lookup(3, b"k"), Hit);
+        t.request_finished(3);
+        assert_eq!(t.lookup(2, b"k"), Hit);
+        t.request_finished(2);
+        assert_eq!(t.tracked_keys(), 0);
+        // the freed slot serves a new key, which starts over and answers only for itself
+        assert_eq!(t.lookup(4, b"other"), Retry);
+        assert_eq!(t.slots.len(), 1, "the slot was reused");
+        assert_eq!(t.lookup(4, b"k"), Retry, "a dropped verdict is asked again");
+        let probes: Vec<_> = t.flush().into_iter().flat_map(|g| g.probes).collect();
+        assert_eq!(probes.len(), 2);
+        assert_eq!(&*probes[0].key, b"other");
+        assert_eq!(&*probes[1].key, b"k");
     }
 
     #[test]
