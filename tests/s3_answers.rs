@@ -333,3 +333,58 @@ async fn names_under(store: &Store, prefix: &str) -> Vec<String> {
     names.sort();
     names
 }
+
+/// A store without multipart uploads answers their start 501 NotImplemented. Sending it
+/// again would get the same answer, so it is not repeated: the tier knows the store for
+/// one without them at its first answer (it used to repeat it for the whole retry budget),
+/// stores the block as one PUT, and sends no upload again. Both blocks load byte-exact.
+#[test]
+fn a_store_without_multipart_uploads_is_known_at_its_first_answer() {
+    const LARGE: usize = 24 << 20;
+    let srv = Server::s3s_fs();
+    let (proxy, store) = behind_a_proxy(
+        &srv,
+        json!({"store_part_bytes": 8 << 20, "retry_budget_ms": 60_000}),
+    );
+    proxy.set_rule(|r| {
+        if r.method == "POST" && r.path.contains("uploads") {
+            Fault::Answer {
+                status: 501,
+                code: "NotImplemented",
+                in_header: false,
+            }
+        } else {
+            Fault::Pass
+        }
+    });
+    let mut pool = Pool::new(4, LARGE);
+    pool.fill_random(41);
+    let tier = kvtier_core::Tier::from_json(&tier_json(store.clone(), json!({"checksums": true})))
+        .unwrap();
+    // SAFETY: the pool outlives the tier; each job holds its slots until its result.
+    unsafe { tier.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }.unwrap();
+    for (job, slot) in [(1, 0), (2, 1)] {
+        tier.submit(JobKind::Store, job, &[slot], keys(&[slot]))
+            .unwrap();
+        let r = wait_all(&tier, 1).remove(&job).unwrap();
+        assert!(r.succeeded(), "store {job}: {}", r.message);
+        // Every upload start gets the rule's answer (the probe's own POSTs pass).
+        let upload_starts = proxy.stats().faults("answer");
+        assert_eq!(
+            upload_starts, 1,
+            "after store {job}: one refused upload start, neither repeated nor tried again"
+        );
+    }
+    tier.submit(JobKind::Load, 3, &[2, 3], keys(&[0, 1]))
+        .unwrap();
+    let r = wait_all(&tier, 1).remove(&3).unwrap();
+    assert!(r.succeeded(), "{}", r.message);
+    assert!(
+        pool.block(2) == pool.block(0),
+        "the first block read back other bytes"
+    );
+    assert!(
+        pool.block(3) == pool.block(1),
+        "the second block read back other bytes"
+    );
+}

@@ -123,10 +123,26 @@ pub struct Shaper {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Connections the kernel queues for the shaper before it accepts them.
+const SHAPER_BACKLOG: libc::c_int = 4096;
+
 impl Shaper {
     /// A shaper on a free loopback port in front of `127.0.0.1:upstream_port`.
     pub fn start(upstream_port: u16, link: Link) -> Shaper {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the shaper");
+        // The standard library listens with a backlog of 128: a client opening a batch of
+        // 256 connections at once (an existence batch) overflowed it, the kernel dropped
+        // SYNs and they came back after the 1 s retransmit, a tail no remote store adds.
+        // Listening again on a listening socket only changes its backlog (the kernel caps
+        // it at net.core.somaxconn).
+        // SAFETY: the descriptor is the listener's own, open for the call.
+        let listened = unsafe {
+            libc::listen(
+                std::os::fd::AsRawFd::as_raw_fd(&std_listener),
+                SHAPER_BACKLOG,
+            )
+        };
+        assert_eq!(listened, 0, "listen on the shaper's socket");
         std_listener.set_nonblocking(true).expect("nonblocking");
         let port = std_listener.local_addr().expect("local addr").port();
         let inner = Arc::new(Inner {

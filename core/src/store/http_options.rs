@@ -221,12 +221,46 @@ impl HttpService for Counting {
                 other
             }
         };
+        if let Ok(response) = &answer {
+            if is_permanent_refusal(response.status().as_u16()) {
+                return Err(HttpError::new(
+                    object_store::client::HttpErrorKind::Unknown,
+                    PermanentRefusal(response.status()),
+                ));
+            }
+        }
         if budget::spent() {
             return final_once_spent(answer);
         }
         answer
     }
 }
+
+/// Server errors that the same request sent again would get again: 501 Not Implemented (a
+/// server or gateway without the feature asked for, such as multipart uploads) and 505.
+/// `object_store` repeats every 5xx; repeating these spent a whole retry budget (20 s by
+/// default) before a store without multipart uploads was known as one.
+fn is_permanent_refusal(status: u16) -> bool {
+    matches!(status, 501 | 505)
+}
+
+/// A server error made final at its first answer (see [`is_permanent_refusal`]); handed to
+/// `object_store` as a transport error of a kind it does not repeat. The answer's status
+/// and error code were recorded for the operation already, and classify it.
+#[derive(Debug)]
+struct PermanentRefusal(http::StatusCode);
+
+impl std::fmt::Display for PermanentRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HTTP {}, not repeated: the store does not do this request",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for PermanentRefusal {}
 
 /// An attempt's outcome, with a failure `object_store` would repeat made final: the
 /// operation's retry budget is spent. A transport error keeps its kind inside
