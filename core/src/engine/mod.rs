@@ -9,6 +9,7 @@
 //! about keys), `lookup` (non-blocking existence lookups), `events`, `stats`, `runtime`.
 
 mod dedup;
+mod dispatch;
 mod events;
 mod eviction;
 mod holds;
@@ -29,13 +30,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use futures::FutureExt;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
 use crate::config::{StoreConfig, TierConfig};
 use crate::encryption::Encryption;
-use crate::error::{panic_message, Error, Result, Status};
+use crate::error::{Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
 use crate::memory::{
     BlockMemory, CallerMemoryFence, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB,
@@ -183,6 +183,8 @@ impl TierState {
 pub struct Tier {
     shared: Arc<TierState>,
     runtime: RwLock<Option<Runtime>>,
+    /// Where submits hand jobs to the I/O runtime.
+    dispatch: dispatch::Dispatch,
     /// The lookup lane's own runtime (one thread) and HTTP client, so that existence
     /// checks neither queue behind transfer tasks nor wait for a pooled connection.
     lookup_runtime: RwLock<Option<Runtime>>,
@@ -283,9 +285,11 @@ impl Tier {
                 None => drop(runtime.spawn(task)),
             }
         }
+        let dispatch = dispatch::Dispatch::start(&runtime, shared.clone());
         Ok(Tier {
             shared,
             runtime: RwLock::new(Some(runtime)),
+            dispatch,
             lookup_runtime: RwLock::new(lookup_runtime),
             results_rx,
             lookups: Mutex::new(Lookups {
