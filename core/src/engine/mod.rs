@@ -335,7 +335,8 @@ impl Tier {
 
     /// Takes up to `max` finished jobs. Each job is returned exactly once.
     pub fn poll(&self, max: usize) -> Vec<JobResult> {
-        let mut out = Vec::new();
+        // Sized for what waits now: no regrowth while results are moved out.
+        let mut out = Vec::with_capacity(self.results_rx.len().min(max));
         // Under the table lock, `finish` is either wholly done or not begun.
         let mut table = self.shared.table();
         while out.len() < max {
