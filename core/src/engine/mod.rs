@@ -1,12 +1,13 @@
 //! The tier engine: job table, I/O runtime and completion queue.
 //!
-//! Submission runs on the caller's thread and only validates and spawns; the I/O runs on
-//! the tier's own tokio runtime; completions come back through a crossbeam channel, with
-//! an eventfd that is readable while results wait.
+//! Submission runs on the caller's thread and only validates and queues; a dispatcher task
+//! spawns the jobs, and the I/O runs on the tier's own tokio runtime; completions come
+//! back through a crossbeam channel, with an eventfd that is readable while results wait.
 //!
 //! Rooms: `jobs` (what is submitted and what comes back), `holds` (the caller memory that
-//! jobs not yet polled hold), `transfer` (moving blocks), `dedup` (what the tier remembers
-//! about keys), `lookup` (non-blocking existence lookups), `events`, `stats`, `runtime`.
+//! jobs not yet polled hold), `dispatch` (from a submit to the job's task), `transfer`
+//! (moving blocks), `dedup` (what the tier remembers about keys), `lookup` (non-blocking
+//! existence lookups), `events`, `stats`, `runtime`.
 
 mod dedup;
 mod dispatch;
