@@ -262,6 +262,33 @@ fn shutdown_reports_every_job_and_refuses_new_ones() {
     assert!(tier.poll(10).is_empty());
 }
 
+/// With no grace, shutdown right after a burst of submits stops the runtime while jobs
+/// still wait in the dispatcher's queue for their tasks: each still yields one result.
+#[test]
+fn jobs_queued_for_their_tasks_at_shutdown_yield_one_result_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Tier::from_json(&format!(
+        r#"{{"store":{{"type":"local","path":{:?}}},"shutdown_timeout_ms":0}}"#,
+        dir.path()
+    ))
+    .unwrap();
+    let mut pool = Pool::new(64, BLOCK);
+    pool.register(&tier);
+    for job in 0..500u64 {
+        tier.submit(JobKind::Store, job, &[job % 64], keys(&[job]))
+            .unwrap();
+    }
+    tier.shutdown();
+    let results = tier.poll(usize::MAX);
+    let mut ids: Vec<u64> = results.iter().map(|r| r.job_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..500).collect::<Vec<_>>());
+    assert!(results
+        .iter()
+        .all(|r| matches!(r.status, Status::Ok | Status::Cancelled)));
+    assert!(tier.poll(10).is_empty());
+}
+
 #[test]
 fn ready_fd_is_readable_exactly_while_results_wait() {
     let tier = memory_tier();

@@ -82,6 +82,8 @@ const FEW: usize = 32;
 struct HoldSet {
     /// Every held range, in no order, while there are at most [`FEW`] and `many` is `None`.
     few: Vec<Held>,
+    /// How many of `few` are loads' ranges: with none, a store has nothing to check.
+    few_loads: usize,
     /// Every held range once there were more than [`FEW`], until none is held again.
     many: Option<Box<ByAddress>>,
 }
@@ -93,6 +95,11 @@ impl HoldSet {
     fn conflict(&self, kind: JobKind, piece: Piece) -> Option<(u64, JobKind)> {
         if let Some(many) = &self.many {
             return many.conflict(kind, piece);
+        }
+        // Stores share bytes with stores: while only stores hold ranges here (a store
+        // phase), a store's piece is granted without a scan.
+        if kind == JobKind::Store && self.few_loads == 0 {
+            return None;
         }
         let (mut load, mut store): (Option<&Held>, Option<&Held>) = (None, None);
         for held in &self.few {
@@ -127,6 +134,7 @@ impl HoldSet {
             kind,
         };
         if self.many.is_none() && self.few.len() < FEW {
+            self.few_loads += usize::from(kind == JobKind::Load);
             self.few.push(held);
             return;
         }
@@ -134,6 +142,7 @@ impl HoldSet {
         for h in self.few.drain(..) {
             many.insert(h);
         }
+        self.few_loads = 0;
         many.insert(held);
     }
 
@@ -150,7 +159,8 @@ impl HoldSet {
             .iter()
             .position(|h| h.job == job && h.index == index && h.start == addr)
         {
-            self.few.swap_remove(at);
+            let removed = self.few.swap_remove(at);
+            self.few_loads -= usize::from(removed.kind == JobKind::Load);
         }
     }
 

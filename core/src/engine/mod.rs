@@ -1,14 +1,16 @@
 //! The tier engine: job table, I/O runtime and completion queue.
 //!
-//! Submission runs on the caller's thread and only validates and spawns; the I/O runs on
-//! the tier's own tokio runtime; completions come back through a crossbeam channel, with
-//! an eventfd that is readable while results wait.
+//! Submission runs on the caller's thread and only validates and queues; a dispatcher task
+//! spawns the jobs, and the I/O runs on the tier's own tokio runtime; completions come
+//! back through a crossbeam channel, with an eventfd that is readable while results wait.
 //!
 //! Rooms: `jobs` (what is submitted and what comes back), `holds` (the caller memory that
-//! jobs not yet polled hold), `transfer` (moving blocks), `dedup` (what the tier remembers
-//! about keys), `lookup` (non-blocking existence lookups), `events`, `stats`, `runtime`.
+//! jobs not yet polled hold), `dispatch` (from a submit to the job's task), `transfer`
+//! (moving blocks), `dedup` (what the tier remembers about keys), `lookup` (non-blocking
+//! existence lookups), `events`, `stats`, `runtime`.
 
 mod dedup;
+mod dispatch;
 mod events;
 mod eviction;
 mod holds;
@@ -29,13 +31,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use futures::FutureExt;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
 use crate::config::{StoreConfig, TierConfig};
 use crate::encryption::Encryption;
-use crate::error::{panic_message, Error, Result, Status};
+use crate::error::{Error, Result, Status};
 use crate::key::{split_key, KeyLayout};
 use crate::memory::{
     BlockMemory, CallerMemoryFence, HostPool, MemoryRange, Piece, MAX_RANGES_PER_JOB,
@@ -183,6 +184,8 @@ impl TierState {
 pub struct Tier {
     shared: Arc<TierState>,
     runtime: RwLock<Option<Runtime>>,
+    /// Where submits hand jobs to the I/O runtime.
+    dispatch: dispatch::Dispatch,
     /// The lookup lane's own runtime (one thread) and HTTP client, so that existence
     /// checks neither queue behind transfer tasks nor wait for a pooled connection.
     lookup_runtime: RwLock<Option<Runtime>>,
@@ -283,9 +286,11 @@ impl Tier {
                 None => drop(runtime.spawn(task)),
             }
         }
+        let dispatch = dispatch::Dispatch::start(&runtime, shared.clone());
         Ok(Tier {
             shared,
             runtime: RwLock::new(Some(runtime)),
+            dispatch,
             lookup_runtime: RwLock::new(lookup_runtime),
             results_rx,
             lookups: Mutex::new(Lookups {
@@ -331,7 +336,8 @@ impl Tier {
 
     /// Takes up to `max` finished jobs. Each job is returned exactly once.
     pub fn poll(&self, max: usize) -> Vec<JobResult> {
-        let mut out = Vec::new();
+        // Sized for what waits now: no regrowth while results are moved out.
+        let mut out = Vec::with_capacity(self.results_rx.len().min(max));
         // Under the table lock, `finish` is either wholly done or not begun.
         let mut table = self.shared.table();
         while out.len() < max {

@@ -3,6 +3,7 @@
 //! its memory held (blocks or ranges), its transfers started; a job refused on the way
 //! still yields its one result.
 
+use super::dispatch::QueuedJob;
 use super::*;
 
 impl Tier {
@@ -344,63 +345,20 @@ impl Tier {
         submitted: Instant,
     ) -> Result<()> {
         let runtime = self.runtime.read().unwrap_or_else(|p| p.into_inner());
-        let Some(runtime) = runtime.as_ref() else {
+        if runtime.is_none() {
             let e = Error::new(Status::ShutDown, "submit after shutdown");
             self.fail_admitted(job_id, kind, keys, &e);
             return Err(e);
-        };
-        let shared = self.shared.clone();
-        let fence = self.shared.caller_memory.clone();
-        let job = async move {
-            let job = transfer::run_job(
-                shared.clone(),
-                kind,
-                job_id,
-                memory,
-                keys.clone(),
-                submitted,
-            );
-            let result = match std::panic::AssertUnwindSafe(job).catch_unwind().await {
-                Ok(result) => result,
-                Err(panic) => {
-                    let e = Error::new(
-                        Status::Panic,
-                        format!("job {job_id} panicked: {}", panic_message(&*panic)),
-                    );
-                    failed_result(job_id, kind, keys, &e)
-                }
-            };
-            shared.finish(result);
-        };
-        // Every poll of the job runs inside the fence on caller memory (a load writes the
-        // block in its polls): once shutdown closed it, the job is dropped unpolled, and
-        // shutdown reports it. The job lives in the task itself: one allocation a job.
-        runtime.spawn(Fenced { fence, job });
-        Ok(())
-    }
-}
-
-/// A job's future, polled only inside the fence on caller memory; ready, unpolled, once
-/// the fence is closed.
-struct Fenced<F> {
-    fence: Arc<CallerMemoryFence>,
-    job: F,
-}
-
-impl<F: std::future::Future<Output = ()>> std::future::Future for Fenced<F> {
-    type Output = ();
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        // SAFETY: `job` is pinned with `self` (structural pinning): it is never moved out
-        // of `self`, `Fenced` has no Drop of its own and is not Unpin unless `F` is.
-        let this = unsafe { self.get_unchecked_mut() };
-        match this.fence.enter() {
-            // SAFETY: as above; `this.job` stays where it is.
-            Some(_inside) => unsafe { std::pin::Pin::new_unchecked(&mut this.job) }.poll(cx),
-            None => std::task::Poll::Ready(()),
         }
+        // The runtime lock is held while queueing: shutdown, which takes it first, sweeps
+        // the job table only after this job is in the dispatcher's queue or refused.
+        self.dispatch.queue(QueuedJob {
+            kind,
+            job_id,
+            memory,
+            keys,
+            submitted,
+        });
+        Ok(())
     }
 }
