@@ -135,15 +135,17 @@ COMPARISONS = [
         "question": "How do kvtier, NIXL OBJ and awscrt compare at a remote store's round trip?",
         "heading": "At a remote store's latency",
         "title": "Side by side with the peers",
-        "measures": "`bench/compare --latency RTT` at several round trips: s3s-fs behind the shaper, small and "
-                    "large objects, stores, loads and an existence batch, every byte verified; awscrt with its "
-                    "default parts, kvtier with its defaults.",
+        "measures": "`bench/compare --latency RTT --connection-mbps MBPS` at round trips of 0, 20, 40 and 50 ms "
+                    "and connections capped at 25 and 100 MB/s: s3s-fs behind the shaper, 2 and 32 MiB objects, "
+                    "16 jobs in flight, stores, loads and an existence batch, every byte verified; awscrt with "
+                    "its default parts, kvtier with its defaults; the targets checked cell by cell.",
         "driver": ["bench/latency_matrix.py"],
         "interpreter": "python3",
         "preset": [],
-        "minutes": "15",
+        "minutes": "40",
         "results": ["latency-matrix.md", "latency-matrix.png"]
-                   + [f"latency-matrix-{rtt}.{ext}" for rtt in (0, 5, 20, 50) for ext in ("md", "jsonl", "png")],
+                   + [f"latency-matrix-{mbps}mbps-{rtt}.{ext}" for mbps in (25, 100) for rtt in (0, 20, 40, 50)
+                      for ext in ("md", "jsonl", "png")],
         "render": "markdown",
         "chart": "latency-matrix.png",
     },
@@ -178,6 +180,26 @@ COMPARISONS = [
                    "kvtier,awscrt", "--reps", "2", "--name", "loopback-16m"],
         "minutes": "2",
         "results": ["loopback-16m.md", "loopback-16m.jsonl", "loopback-16m.png"],
+        "render": "compare",
+        "sections": ["pivot"],
+    },
+    {
+        "name": "loopback-link",
+        "question": "On loopback, with parts decided from the link, is kvtier as fast as with the fixed parts before?",
+        "heading": "At a remote store's latency",
+        "title": "Loopback, parts from the link against the fixed rule",
+        "measures": "kvtier with its defaults beside the library built before parts followed the link (the fixed "
+                    "rule: loads over 8 MiB in 8 MiB ranges, stores of 32 MiB and up in 16 MiB parts) and awscrt, on the "
+                    "sink and s3s-fs without the shaper, 2 and 16 MiB blocks, 4 and 16 in flight, interleaved in "
+                    "one run, every byte verified.",
+        "driver": ["bench/compare"],
+        "interpreter": "python3",
+        "preset": ["--servers", "sink,s3sfs", "--sizes", "2M,16M", "--concurrency", "4,16", "--clients",
+                   "kvtier,awscrt", "--reps", "3", "--name", "loopback-link"],
+        "note": "Add `--kvtier-lib fixed-parts=DIR`, DIR holding a libkvtier.so.0 built at f4c04a3 (`git worktree "
+                "add --detach DIR-src f4c04a3`, `cargo build --release --lib` there).",
+        "minutes": "12",
+        "results": ["loopback-link.md", "loopback-link.jsonl", "loopback-link.png"],
         "render": "compare",
         "sections": ["pivot"],
     },
@@ -249,6 +271,21 @@ COMPARISONS = [
         "note": "The kvtier-s3 and obj tiers need s3s-fs and nixl-cu12 (scripts/install-tools.sh installs both).",
         "results": ["scheduler-cost.json"],
         "render": "scheduler",
+    },
+    {
+        "name": "caller",
+        "question": "What does the engine's thread pay per key to submit jobs and poll their results?",
+        "heading": "Scheduler-thread cost in vLLM",
+        "title": "The C caller's thread",
+        "measures": "`kvtier bench` on the local store in /dev/shm, one key per job, 2 MiB blocks, 16 in flight, with "
+                    "the contiguous pool calls and with each block as 64 ranges in 64 regions, interleaved: the CPU "
+                    "of the thread calling submit and poll per key (less its clock reads), every byte verified.",
+        "driver": ["bench/caller_cost.py"],
+        "interpreter": "python3",
+        "preset": [],
+        "minutes": "3",
+        "results": ["caller-cost.md"],
+        "render": "markdown",
     },
     {
         "name": "https",
@@ -326,6 +363,15 @@ ARCHIVED = {
     "latency20-s3sfs.jsonl": "the raw measurements of latency20-s3sfs.md",
     "latency20-s3sfs.png": "the chart of latency20-s3sfs.md",
 }
+# The latency matrix before parts and connections followed the link (100 MB/s links only).
+ARCHIVED.update({
+    f"latency-matrix-{rtt}.{ext}": (f"the latency matrix's {rtt} ms run at 100 MB/s a connection, before kvtier "
+                                    "decided parts from the link" if ext == "md" else
+                                    f"the {'raw measurements' if ext == 'jsonl' else 'chart'} of "
+                                    f"latency-matrix-{rtt}.md")
+    for rtt in (0, 5, 20, 50) for ext in ("md", "jsonl", "png")})
+ARCHIVED["latency-matrix-before-link.md"] = ("the latency matrix's summary before kvtier decided parts from the "
+                                             "link (100 MB/s a connection, round trips 0, 5, 20, 50 ms)")
 
 # Drivers `bench/run.py` also starts by their own name, with no preset (their own defaults).
 DRIVERS = {
@@ -338,6 +384,7 @@ DRIVERS = {
     "sglang_compare.py": (["bench/sglang_compare.py"], "tools/venv"),
     "lmcache_compare.py": (["bench/lmcache_compare.py"], "tools/venv"),
     "scheduler_cost.py": (["bench/scheduler_cost.py"], "tools/venv"),
+    "caller_cost.py": (["bench/caller_cost.py"], "python3"),
     "https_loads.py": (["bench/https_loads.py"], "python3"),
     "uring.py": (["bench/uring.py"], "python3"),
     "fleet_soak.py": (["bench/fleet_soak.py"], "tools/venv"),

@@ -175,7 +175,7 @@ pub(super) fn print_report(
             caller
         );
     }
-    println!("  caller us/key: CPU of the calling thread inside submit + poll, per key moved");
+    println!("  caller us/key: CPU of the calling thread inside submit + poll, per key moved (less the cost of reading the thread's CPU clock, measured at start)");
     if phases.iter().any(|p| p.name == "exists") {
         println!("  exists: one op = a batch of up to 256 keys (half present), latency to the last verdict");
     }
