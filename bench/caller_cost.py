@@ -16,7 +16,6 @@ clock is a system call of about 0.5 us). Targets: at most 2 us per key contiguou
 """
 
 import os
-import shutil
 import statistics
 
 import common
@@ -31,18 +30,12 @@ def main():
     ap = common.run_arguments(__doc__, "caller-cost.md")
     ap.set_defaults(stores="local", reps=5)
     args = ap.parse_args()
-    stores = args.stores.split(",")
-    common.build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
-    tmp = common.scratch_dir("kvbench-caller-")
+    with common.bench_scratch(args, "caller") as (stores, tmp):
+        def run_one(store, layout):
+            with common.fresh_store(store, tmp) as config:
+                return common.store_load_verify({"store": config, "dedup": "off"}, args, LAYOUTS[layout])
 
-    def run_one(store, layout):
-        with common.fresh_store(store, tmp) as config:
-            return common.store_load_verify({"store": config, "dedup": "off"}, args, LAYOUTS[layout])
-
-    try:
         rows = common.interleaved(args.reps, stores, list(LAYOUTS), run_one, log)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [f"# The caller's thread per key ({args.block_size} blocks, one key per job, {args.concurrency} in "
              f"flight, {args.blocks} blocks x {args.rounds} rounds a run, median of {args.reps} runs)", "",

@@ -397,6 +397,19 @@ def phases(report: dict) -> dict:
     return {p["phase"]: p for p in report["phases"]}
 
 
+@contextlib.contextmanager
+def bench_scratch(args, name: str):
+    """For the drivers of ``run_arguments``: builds `kvtier` (and the sink when ``--stores``
+    names it); yields the stores and a scratch directory, removed afterwards."""
+    stores = args.stores.split(",")
+    build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
+    tmp = scratch_dir(f"kvbench-{name}-")
+    try:
+        yield stores, tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run_arguments(description: str, out: str):
     """The options of the drivers that time `kvtier bench` runs of store, load and verify
     (ranges.py, encryption.py; ``out``: their result file): an argparse parser to add their

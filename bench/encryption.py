@@ -17,7 +17,6 @@ bench/results/encryption.md. The run and its options are bench/ranges.py's
 import base64
 import json
 import os
-import shutil
 import statistics
 
 import common
@@ -27,13 +26,11 @@ log = common.logger("encryption")
 
 def main():
     args = common.run_arguments(__doc__, "encryption.md").parse_args()
-    stores = args.stores.split(",")
-    common.build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
-    tmp = common.scratch_dir("kvbench-encryption-")
-    keyring = os.path.join(tmp, "keyring.json")
-    with open(keyring, "w") as f:
-        json.dump({"write": "bench", "keys": {"bench": base64.b64encode(os.urandom(32)).decode()}}, f)
-    try:
+    with common.bench_scratch(args, "encryption") as (stores, tmp):
+        keyring = os.path.join(tmp, "keyring.json")
+        with open(keyring, "w") as f:
+            json.dump({"write": "bench", "keys": {"bench": base64.b64encode(os.urandom(32)).decode()}}, f)
+
         def run_one(store, variant):
             with common.fresh_store(store, tmp) as store_config:
                 config = {"store": store_config, "dedup": "off"}
@@ -42,8 +39,6 @@ def main():
                 return common.store_load_verify(config, args)
 
         rows = common.interleaved(args.reps, stores, ["off", "on"], run_one, log)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [f"# Encryption at rest on against off ({args.block_size} blocks, {args.concurrency} in flight, "
              f"{args.blocks} blocks x {args.rounds} rounds a run, median of {args.reps} runs)", "",

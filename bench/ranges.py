@@ -17,7 +17,6 @@ adjacent layout is shown, not judged); writes bench/results/ranges.md.
 """
 
 import os
-import shutil
 import statistics
 
 import common
@@ -36,19 +35,13 @@ def main():
     args = ap.parse_args()
     counts = args.ranges.split(",")
     assert counts[0] == "1", "the first count is the contiguous baseline, 1"
-    stores = args.stores.split(",")
-    common.build("cli", *(["sink"] if "sink" in stores else []), skip=args.no_build)
-    tmp = common.scratch_dir("kvbench-ranges-")
+    with common.bench_scratch(args, "ranges") as (stores, tmp):
+        def run_one(store, text):
+            n, layout = variant(text)
+            with common.fresh_store(store, tmp) as config:
+                return common.store_load_verify({"store": config, "dedup": "off"}, args, n, layout)
 
-    def run_one(store, text):
-        n, layout = variant(text)
-        with common.fresh_store(store, tmp) as config:
-            return common.store_load_verify({"store": config, "dedup": "off"}, args, n, layout)
-
-    try:
         rows = common.interleaved(args.reps, stores, counts, run_one, log)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [f"# Blocks as ranges against the contiguous pool ({args.block_size} blocks, {args.concurrency} in flight, "
              f"{args.blocks} blocks x {args.rounds} rounds a run, median of {args.reps} runs)", "",

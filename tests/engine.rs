@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kvtier_core::key::make_key;
 use kvtier_core::{JobKind, JobResult, KeyBatch, Status, Tier};
+use serde_json::json;
 use support::Pool;
 
 const BLOCK: usize = 16 * 1024;
@@ -37,7 +38,16 @@ fn memory_tier() -> Tier {
 }
 
 fn local_tier(dir: &std::path::Path) -> Tier {
-    Tier::from_json(&format!(r#"{{"store":{{"type":"local","path":{:?}}},"prefix":"kv","namespace":"m_0123456789ab_r0"}}"#, dir)).unwrap()
+    local_tier_with(dir, json!({}))
+}
+
+/// A tier on a local directory, with the keys of `extra` added to its configuration.
+fn local_tier_with(dir: &std::path::Path, extra: serde_json::Value) -> Tier {
+    Tier::from_json(&support::tier_json(
+        json!({"type": "local", "path": dir}),
+        extra,
+    ))
+    .unwrap()
 }
 
 fn round_trip(tier: &Tier) {
@@ -227,11 +237,7 @@ fn duplicate_in_flight_job_id_is_refused_without_second_result() {
 #[test]
 fn shutdown_reports_every_job_and_refuses_new_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let tier = Tier::from_json(&format!(
-        r#"{{"store":{{"type":"local","path":{:?}}},"max_inflight_transfers":2}}"#,
-        dir.path()
-    ))
-    .unwrap();
+    let tier = local_tier_with(dir.path(), json!({"max_inflight_transfers": 2}));
     let mut pool = Pool::new(64, BLOCK);
     pool.fill_random(1);
     pool.register(&tier);
@@ -267,11 +273,7 @@ fn shutdown_reports_every_job_and_refuses_new_ones() {
 #[test]
 fn jobs_queued_for_their_tasks_at_shutdown_yield_one_result_each() {
     let dir = tempfile::tempdir().unwrap();
-    let tier = Tier::from_json(&format!(
-        r#"{{"store":{{"type":"local","path":{:?}}},"shutdown_timeout_ms":0}}"#,
-        dir.path()
-    ))
-    .unwrap();
+    let tier = local_tier_with(dir.path(), json!({"shutdown_timeout_ms": 0}));
     let mut pool = Pool::new(64, BLOCK);
     pool.register(&tier);
     for job in 0..500u64 {

@@ -361,8 +361,7 @@ fn a_store_without_multipart_uploads_is_known_at_its_first_answer() {
     pool.fill_random(41);
     let tier = kvtier_core::Tier::from_json(&tier_json(store.clone(), json!({"checksums": true})))
         .unwrap();
-    // SAFETY: the pool outlives the tier; each job holds its slots until its result.
-    unsafe { tier.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }.unwrap();
+    pool.register(&tier);
     for (job, slot) in [(1, 0), (2, 1)] {
         tier.submit(JobKind::Store, job, &[slot], keys(&[slot]))
             .unwrap();

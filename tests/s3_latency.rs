@@ -125,9 +125,7 @@ fn a_large_load_comes_down_several_connections(srv: &Server) {
             through_link["load_part_bytes"] = json!(part_bytes);
         }
         let reader = Tier::from_json(&tier_json(through_link, json!({}))).unwrap();
-        // SAFETY: the same pool memory, held by this one load until its result is polled.
-        unsafe { reader.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
-            .unwrap();
+        pool.register(&reader);
         shaper.reset_carried();
         let started = Instant::now();
         reader
@@ -172,9 +170,7 @@ fn a_large_store_goes_up_several_connections(srv: &Server) {
     };
     for (part_bytes, slot, connections) in [(None, 0, 2), (Some(8 << 20), 1, 4), (Some(0), 2, 1)] {
         let writer = through_link(part_bytes);
-        // SAFETY: the pool outlives the tier; the store only reads it.
-        unsafe { writer.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
-            .unwrap();
+        pool.register(&writer);
         shaper.reset_carried();
         let started = Instant::now();
         writer
@@ -196,9 +192,7 @@ fn a_large_store_goes_up_several_connections(srv: &Server) {
 
     // Straight from the server, checksums verified: both objects whole.
     let reader = Tier::from_json(&tier_json(store.clone(), json!({"checksums": true}))).unwrap();
-    // SAFETY: as above; each load holds its slot alone until its result is polled.
-    unsafe { reader.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }
-        .unwrap();
+    pool.register(&reader);
     reader.submit(JobKind::Load, 2, &[2], keys(&[0])).unwrap();
     reader.submit(JobKind::Load, 3, &[3], keys(&[1])).unwrap();
     let loaded = wait_all(&reader, 2);
@@ -225,8 +219,7 @@ fn a_large_store_goes_up_several_connections(srv: &Server) {
 
     // The block is there: a conditional store of it asks, and sends nothing.
     let again = through_link(None);
-    // SAFETY: as above.
-    unsafe { again.register_memory(pool.mem.as_mut_ptr(), pool.blocks, pool.block_bytes) }.unwrap();
+    pool.register(&again);
     shaper.reset_carried();
     again.submit(JobKind::Store, 4, &[0], keys(&[0])).unwrap();
     let r = wait_all(&again, 1).remove(&4).unwrap();

@@ -367,23 +367,16 @@ class JobBook:
                     self._logger.error("kvtier reported job %d, which this tier did not submit", outcome.job_id)
                     continue
                 if outcome.status == _OK:
-                    # pending.add(ok=True, ...) written out: one succeeded library job
-                    pending.parts -= 1
-                    pending.done.update(part_keys)
-                    pending.nbytes += outcome.bytes
-                    pending.seconds = max(pending.seconds, outcome.seconds)
-                    if not pending.parts:
-                        del jobs[job_id]
-                        self._finished.append(pending.finished(job_id))
-                    continue
-                self._logger.debug("%s job %d failed: %s", pending.kind.name.lower(), job_id, outcome.message)
-                done = _keys_done(outcome, list(part_keys))
-                if (outcome.kind is JobKind.LOAD and self._on_failed_loads is not None
-                        and len(outcome.key_status) == len(part_keys)):
-                    # the keys the library itself marked MISS: those with a failed status
-                    self._on_failed_loads(
-                        [k for k, st in zip(part_keys, outcome.key_status) if st != Status.OK])
-                pending.add(ok=False, done=done, nbytes=outcome.bytes, seconds=outcome.seconds)
+                    pending.add(ok=True, done=part_keys, nbytes=outcome.bytes, seconds=outcome.seconds)
+                else:
+                    self._logger.debug("%s job %d failed: %s", pending.kind.name.lower(), job_id, outcome.message)
+                    done = _keys_done(outcome, list(part_keys))
+                    if (outcome.kind is JobKind.LOAD and self._on_failed_loads is not None
+                            and len(outcome.key_status) == len(part_keys)):
+                        # the keys the library itself marked MISS: those with a failed status
+                        self._on_failed_loads(
+                            [k for k, st in zip(part_keys, outcome.key_status) if st != Status.OK])
+                    pending.add(ok=False, done=done, nbytes=outcome.bytes, seconds=outcome.seconds)
                 self._finish_if_done(job_id)
         if not self._finished:
             return []

@@ -632,16 +632,7 @@ class Tier:
         Raises on a rejected job, which still yields its one failed result at the next
         poll (except :class:`DuplicateJobError` and :class:`ForkedError`).
         """
-        # The same steps as submit_load's, written out in each: no helper call per job.
-        if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
-            job_id = _job_id(job_id)
-        buf, key_len, num_keys = _key_buffer(keys)
-        ids, address = _block_id_array(block_ids, num_keys)
-        with self._h as ptr:
-            status = self._lib.kvt_tier_submit_store(ptr, job_id, address, buf, key_len, num_keys)
-        del ids  # kept alive through the call
-        if status:
-            _check(status)
+        self._submit(self._lib.kvt_tier_submit_store, job_id, block_ids, keys)
 
     def submit_load(self, job_id: int, block_ids: Any, keys: Sequence) -> None:
         """Loads ``keys[i]`` into block ``block_ids[i]``. Never blocks.
@@ -649,12 +640,15 @@ class Tier:
         Same contract as :meth:`submit_store`; the blocks must not be touched until the
         result has been polled. A missing or wrong-sized object fails only its key.
         """
+        self._submit(self._lib.kvt_tier_submit_load, job_id, block_ids, keys)
+
+    def _submit(self, submit_c, job_id: int, block_ids: Any, keys: Sequence) -> None:
         if type(job_id) is not int or not 0 <= job_id <= _U64_MAX:
             job_id = _job_id(job_id)
         buf, key_len, num_keys = _key_buffer(keys)
         ids, address = _block_id_array(block_ids, num_keys)
         with self._h as ptr:
-            status = self._lib.kvt_tier_submit_load(ptr, job_id, address, buf, key_len, num_keys)
+            status = submit_c(ptr, job_id, address, buf, key_len, num_keys)
         del ids  # kept alive through the call
         if status:
             _check(status)
@@ -738,7 +732,6 @@ class Tier:
         statuses_of = STATUS_BY_CODE.get  # as_status, without a call per key
         kinds = _JOB_KINDS
         unpack, stride = _RESULT.unpack_from, _RESULT_STRIDE
-        new, set_attribute = _new_object, _set_attribute
         with self._poll_lock, self._h as ptr:
             results, count, count_ref = self._poll_results, self._poll_count, self._poll_count_ref
             poll_c = self._lib.kvt_tier_poll
@@ -759,19 +752,12 @@ class Tier:
                         statuses = tuple([statuses_of(c, c) for c in codes])
                     if (kind == _STORE) == (status == 0):
                         self._events_hint = True  # a successful store's event, or a corrupt block's
-                    outcome = new(JobOutcome)
-                    set_attribute(outcome, "__dict__", {
-                        "job_id": job_id,
-                        "kind": kinds[kind] if kind in kinds else JobKind(kind),
-                        "status": statuses_of(status, status),
-                        "bytes": nbytes,
-                        "seconds": seconds,
-                        "key_status": statuses,
-                        "num_failed_keys": failed,
+                    append(_outcome(
+                        job_id, kinds[kind] if kind in kinds else JobKind(kind), statuses_of(status, status),
+                        nbytes, seconds, statuses, failed,
                         # "" on success (the header's contract): read only for a failure
-                        "message": _string_at(message).decode("utf-8", "replace") if status and message else "",
-                    })
-                    append(outcome)
+                        _string_at(message).decode("utf-8", "replace") if status and message else "",
+                    ))
                 if n < _BATCH:
                     return out
 

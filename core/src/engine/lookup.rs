@@ -148,11 +148,8 @@ pub(crate) struct LookupTable {
 impl LookupTable {
     pub(crate) fn lookup(&mut self, request: u64, key: &[u8]) -> LookupResult {
         let hash = FxBuildHasher.hash_one(key);
-        let slots = &self.slots;
-        let number = match self.index.find(hash, |&n| {
-            slots[n as usize].hash == hash && *slots[n as usize].key == *key
-        }) {
-            Some(&n) => n,
+        let number = match self.find(key, hash) {
+            Some(n) => n,
             None => self.insert(request, key, hash),
         };
         let slot = &mut self.slots[number as usize];
@@ -169,6 +166,16 @@ impl LookupTable {
                 .push((number, slot.generation));
         }
         verdict
+    }
+
+    /// The slot holding `key`, whose hash is `hash`.
+    fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&n| {
+                slots[n as usize].hash == hash && *slots[n as usize].key == *key
+            })
+            .copied()
     }
 
     /// A new pending entry for `key`, in the step's batch; its slot's number.
@@ -254,11 +261,7 @@ impl LookupTable {
     /// Failed loads: these keys are absent for everyone holding them.
     pub(crate) fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a [u8]>) {
         for key in keys {
-            let hash = FxBuildHasher.hash_one(key);
-            let slots = &self.slots;
-            if let Some(&n) = self.index.find(hash, |&n| {
-                slots[n as usize].hash == hash && *slots[n as usize].key == *key
-            }) {
+            if let Some(n) = self.find(key, FxBuildHasher.hash_one(key)) {
                 let slot = &mut self.slots[n as usize];
                 slot.found = Some(false);
                 slot.phase = Phase::Resolved;
